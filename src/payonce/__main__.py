@@ -1,0 +1,5 @@
+"""``python -m payonce`` runs the CLI."""
+
+from payonce.cli import main
+
+main()

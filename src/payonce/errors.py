@@ -1,0 +1,128 @@
+"""The one exception tree of payonce, grouped by what the caller should do.
+
+::
+
+    PayonceError
+    ├── ConfigError (ValueError)               bad flag, env var or config file: exit code 2
+    ├── ProblemError                           answered as application/problem+json
+    │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
+    │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
+    │   ├── BodyTooLarge (ValueError)           413, never retry
+    │   ├── NotFound (LookupError)              404
+    │   ├── RequestInProgress                   409 + Retry-After: retry later
+    │   ├── FingerprintMismatch (ValueError)    422, never retry
+    │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
+    │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
+    │   └── StoreUnavailable (ConnectionError)  503: nothing ran; retry later
+    │       └── StoreTimeout (TimeoutError)
+    └── LeaseLost                               a fenced write lost its lease (internal)
+
+Third-party errors (sqlite3, aiohttp) are translated once, at the boundary of the
+module that calls them, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BodyTooLarge",
+    "ConfigError",
+    "FingerprintMismatch",
+    "IdempotencyKeyRequired",
+    "InvalidIdempotencyKey",
+    "LeaseLost",
+    "NotFound",
+    "PayonceError",
+    "ProblemError",
+    "RequestInProgress",
+    "StoreTimeout",
+    "StoreUnavailable",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+]
+
+PROBLEM_BASE = "https://github.com/payonce/payonce/blob/main/docs/problems.md#"
+
+
+class PayonceError(Exception):
+    """Base of every error payonce raises on purpose."""
+
+
+class ConfigError(PayonceError, ValueError):
+    """Invalid configuration. The CLI prints the message on one line and exits 2."""
+
+    exit_code = 2
+
+
+class LeaseLost(PayonceError):
+    """A write was refused because the writer's lease (fencing token) is no longer current."""
+
+
+class ProblemError(PayonceError):
+    """An error the gateway answers as an RFC 9457 ``application/problem+json`` body.
+
+    ``should_retry`` becomes the ``x-should-retry`` header, which the official
+    OpenAI and Anthropic SDKs obey over their own status-code rules.
+    """
+
+    status: int = 500
+    slug: str = "error"
+    title: str = "Internal error"
+    should_retry: bool | None = None
+
+    def __init__(self, detail: str, *, retry_after: float | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after = retry_after
+
+    @property
+    def type_uri(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+class InvalidIdempotencyKey(ProblemError, ValueError):
+    status, slug, title, should_retry = 400, "invalid-key", "Invalid Idempotency-Key", False
+
+
+class IdempotencyKeyRequired(ProblemError, ValueError):
+    status, slug, title, should_retry = 400, "key-required", "Idempotency-Key required", False
+
+
+class BodyTooLarge(ProblemError, ValueError):
+    status, slug, title, should_retry = 413, "body-too-large", "Request body too large", False
+
+
+class NotFound(ProblemError, LookupError):
+    status, slug, title, should_retry = 404, "not-found", "No such record", False
+
+
+class RequestInProgress(ProblemError):
+    # IETF draft-ietf-httpapi-idempotency-key-header section 2.7: 409 while the
+    # original request is still being processed. Retrying later is correct.
+    status, slug, title, should_retry = 409, "in-progress", "Request still in progress", True
+
+
+class FingerprintMismatch(ProblemError, ValueError):
+    # Same draft, section 2.7: 422 when a key is reused with a different payload.
+    status, slug, title, should_retry = (
+        422,
+        "fingerprint-mismatch",
+        "Idempotency-Key reused with a different request",
+        False,
+    )
+
+
+class UpstreamUnavailable(ProblemError, ConnectionError):
+    status, slug, title, should_retry = 502, "upstream-unavailable", "Upstream unavailable", True
+
+
+class UpstreamTimeout(ProblemError, TimeoutError):
+    status, slug, title, should_retry = 504, "upstream-timeout", "Upstream timed out", True
+
+
+class StoreUnavailable(ProblemError, ConnectionError):
+    # DESIGN.md: with a key and no store, answer 503; never run unprotected.
+    status, slug, title, should_retry = 503, "store-unavailable", "Idempotency store unavailable", True
+
+
+class StoreTimeout(StoreUnavailable, TimeoutError):
+    slug, title = "store-timeout", "Idempotency store timed out"

@@ -1,0 +1,1 @@
+"""The simulated LLM provider (``payonce sim``)."""

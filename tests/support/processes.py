@@ -1,0 +1,92 @@
+"""Start real payonce processes on free 127.0.0.1 ports for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (bind to 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A running child process and the base URL it serves."""
+
+    popen: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout)
+        return self.popen.returncode
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _wait_ready(proc: Process, ready_path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
+        try:
+            with urllib.request.urlopen(proc.url + ready_path, timeout=1) as resp:  # noqa: S310
+                if resp.status < 500:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.stop()
+    raise RuntimeError(f"process not ready after {timeout}s:\n{proc.output()}")
+
+
+def start_payonce(
+    args: list[str], *, log_dir: Path, ready_path: str, port: int | None = None, timeout: float = 20.0
+) -> Process:
+    """Run ``python -m payonce <args> --port <free port>`` and wait until it answers."""
+    port = port or free_port()
+    log = log_dir / f"{args[0]}-{port}.log"
+    handle = log.open("wb")
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "payonce", *args, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so stop() also ends its children
+    )
+    proc = Process(popen=popen, url=f"http://127.0.0.1:{port}", log=log)
+    _wait_ready(proc, ready_path, timeout)
+    return proc
+
+
+@contextlib.contextmanager
+def running(args: list[str], *, log_dir: Path, ready_path: str) -> Iterator[Process]:
+    proc = start_payonce(args, log_dir=log_dir, ready_path=ready_path)
+    try:
+        yield proc
+    finally:
+        proc.stop()
