@@ -1,0 +1,1 @@
+"""The idempotency gateway: an ASGI reverse proxy that runs each key once."""

@@ -1,0 +1,125 @@
+"""Reading the idempotency key, the tenant and the request fingerprint from a request.
+
+The key follows draft-ietf-httpapi-idempotency-key-header: an RFC 8941 sf-string
+(quoted on the wire), though most clients send it bare, so both are accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from payonce.errors import InvalidIdempotencyKey
+
+__all__ = ["MAX_KEY_LENGTH", "fingerprint", "parse_key", "read_key", "tenant_of"]
+
+MAX_KEY_LENGTH = 255  # Stripe's limit; the draft sets none.
+_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"api-key")
+_ANONYMOUS = "anonymous"
+
+
+def parse_key(raw: bytes) -> str:
+    """Validate one header value and return the key.
+
+    Accepts a bare value (1-255 printable ASCII, no spaces) or an RFC 8941
+    sf-string (``"..."`` with ``\\"`` and ``\\\\`` escapes) whose content is 1-255
+    printable ASCII characters. Raises :class:`InvalidIdempotencyKey` otherwise.
+    """
+    try:
+        text = raw.decode("ascii").strip(" \t")
+    except UnicodeDecodeError:
+        raise InvalidIdempotencyKey("Idempotency-Key must be printable ASCII") from None
+    if text.startswith('"'):
+        key = _parse_sf_string(text)
+    else:
+        key = text
+        if not key or any(not 0x21 <= ord(ch) <= 0x7E for ch in key):
+            raise InvalidIdempotencyKey(
+                "Idempotency-Key must be 1-255 printable ASCII characters without spaces, "
+                'or an RFC 8941 quoted string such as "order-42"'
+            )
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters long, got {len(key)}"
+        )
+    return key
+
+
+def _parse_sf_string(text: str) -> str:
+    # RFC 8941 section 4.2.5: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE
+    out: list[str] = []
+    index = 1
+    while index < len(text):
+        ch = text[index]
+        if ch == "\\":
+            index += 1
+            if index >= len(text) or text[index] not in '"\\':
+                raise InvalidIdempotencyKey("Idempotency-Key: bad escape in quoted string")
+            out.append(text[index])
+        elif ch == '"':
+            if index != len(text) - 1:
+                raise InvalidIdempotencyKey("Idempotency-Key: text after the closing quote")
+            return "".join(out)
+        elif not 0x20 <= ord(ch) <= 0x7E:
+            raise InvalidIdempotencyKey("Idempotency-Key must be printable ASCII")
+        else:
+            out.append(ch)
+        index += 1
+    raise InvalidIdempotencyKey("Idempotency-Key: quoted string has no closing quote")
+
+
+def read_key(headers: Sequence[tuple[bytes, bytes]], names: Sequence[bytes]) -> str | None:
+    """The key carried by any of the header ``names``, or ``None`` when there is none.
+
+    Several key headers that disagree are refused: guessing which one the client
+    meant could run a request twice or replay the wrong result.
+    """
+    found: str | None = None
+    for name, value in headers:
+        if name in names:
+            key = parse_key(value)
+            if found is not None and key != found:
+                raise InvalidIdempotencyKey("the request carries several different idempotency keys")
+            found = key
+    return found
+
+
+def tenant_of(headers: Sequence[tuple[bytes, bytes]], tenant_header: bytes | None = None) -> str:
+    """A hash naming the caller, so two credentials never share a record.
+
+    The credential itself is never stored or logged, only this hash. ``Bearer``
+    is dropped so one API key sent as ``Authorization`` (OpenAI SDK) or as
+    ``x-api-key`` (Anthropic SDK) is one tenant.
+    """
+    wanted = (tenant_header,) if tenant_header else _CREDENTIAL_HEADERS
+    for name, value in headers:
+        if name in wanted:
+            secret = value.strip()
+            if secret[:7].lower() == b"bearer ":
+                secret = secret[7:].strip()
+            if secret:
+                return hashlib.sha256(b"payonce-tenant\x00" + secret).hexdigest()[:32]
+    return _ANONYMOUS
+
+
+def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None) -> str:
+    """sha256 over method, path and body; JSON bodies are canonicalised first.
+
+    Canonical JSON sorts object keys and drops insignificant whitespace, so key
+    order does not matter while array order does (DESIGN.md, Fingerprint).
+    """
+    canonical = body
+    if body and (content_type is None or b"json" in content_type):
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            pass  # not JSON after all: the raw bytes are the fingerprint
+        else:
+            canonical = json.dumps(
+                parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+    digest = hashlib.sha256()
+    digest.update(method.encode() + b"\x00" + path.encode() + b"\x00")
+    digest.update(canonical)
+    return digest.hexdigest()

@@ -1,0 +1,137 @@
+"""The store protocol: where idempotency records live, behind one narrow atomic interface.
+
+A record's life::
+
+    claim ──► IN_PROGRESS ──complete(token)──► COMPLETED ──(ttl)──► purged
+                 │   ▲                             │
+                 │   └─renew(token) every lease/3  └─ claim → Claim(COMPLETED): replay
+                 └──release(token)──► (gone: the next claim runs again)
+
+    lease expiry (the holder died):
+    t0 claim(token=A, lease 30 s) ... holder silent ... t0+30 s: lease over
+    t0+31 claim ──► token=B takes over; complete(token=A) is refused (fencing)
+
+Tokens are random and unique per claim. The store is the only party that checks
+them (compare-and-set on every write), so uniqueness is what fencing needs here;
+they need not be ordered.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Claim", "ClaimStatus", "Record", "RecordState", "Store", "StoredResponse"]
+
+
+class RecordState(enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class ClaimStatus(enum.Enum):
+    ACQUIRED = "acquired"  # the caller holds the lease and must run the request
+    COMPLETED = "completed"  # a stored response to replay (counted as one replay)
+    IN_PROGRESS = "in_progress"  # someone else holds a live lease: wait for it
+    MISMATCH = "mismatch"  # the key exists with another fingerprint: 422
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """An upstream response as it will be replayed. Never holds request headers."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One idempotency record, scoped by tenant (a credential hash) and key."""
+
+    tenant: str
+    key: str
+    fingerprint: str
+    state: RecordState
+    token: str
+    created_at: float
+    lease_expires_at: float
+    expires_at: float
+    completed_at: float | None = None
+    response: StoredResponse | None = None
+    replays: int = 0
+    usage: Mapping[str, int] | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What :meth:`Store.claim` found or made."""
+
+    status: ClaimStatus
+    record: Record
+
+
+class Store(Protocol):
+    """Atomic operations on records. Every method is one atomic step in the backend.
+
+    Writes that take a ``token`` succeed only while that token is the record's
+    current one and the record is in progress; they return ``False`` otherwise.
+    Failures of the backend raise :class:`payonce.errors.StoreUnavailable`.
+    """
+
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Claim:
+        """Take the key, or report what holds it.
+
+        ACQUIRED when the key is new, its record expired (ttl), or its lease ran
+        out and the fingerprint matches (take-over with a new token).
+        COMPLETED (and the replay counter incremented) when a response is stored
+        under the same fingerprint. MISMATCH when the fingerprint differs.
+        IN_PROGRESS otherwise.
+        """
+        ...
+
+    async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
+        """Extend the lease of the current holder."""
+        ...
+
+    async def complete(
+        self,
+        tenant: str,
+        key: str,
+        token: str,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        usage: Mapping[str, int] | None = None,
+        cost_usd: float | None = None,
+        replays: int = 0,
+    ) -> bool:
+        """Store the response; ``replays`` counts duplicates already answered with it."""
+        ...
+
+    async def release(self, tenant: str, key: str, token: str) -> bool:
+        """Give the key up without a result, so the next claim runs the request again."""
+        ...
+
+    async def get(self, tenant: str, key: str) -> Record | None:
+        """The live record, or ``None`` (absent or past its ttl)."""
+        ...
+
+    async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
+        """Return once the record is completed, gone, or its lease ran out; or at ``timeout``."""
+        ...
+
+    async def purge_expired(self) -> int:
+        """Delete records past their ttl; return how many."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise :class:`payonce.errors.StoreUnavailable` when the backend cannot answer."""
+        ...
+
+    async def close(self) -> None: ...

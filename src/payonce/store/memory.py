@@ -1,0 +1,135 @@
+"""``memory://``: records in a dict. One process, gone on restart; for tests and trials."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Mapping
+
+from payonce.clock import Clock, SystemClock
+from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse
+from payonce.store.waiters import Waiters
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """The :class:`payonce.store.base.Store` protocol in memory.
+
+    Each method runs without awaiting between its read and its write, so on one
+    event loop every operation is atomic.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._records: dict[tuple[str, str], Record] = {}
+        self._waiters = Waiters()
+
+    def _live(self, tenant: str, key: str) -> Record | None:
+        record = self._records.get((tenant, key))
+        if record is not None and record.expires_at <= self._clock.now():
+            del self._records[(tenant, key)]
+            return None
+        return record
+
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Claim:
+        now = self._clock.now()
+        record = self._live(tenant, key)
+        if record is not None:
+            if record.fingerprint != fingerprint:
+                return Claim(ClaimStatus.MISMATCH, record)
+            if record.state is RecordState.COMPLETED:
+                record = dataclasses.replace(record, replays=record.replays + 1)
+                self._records[(tenant, key)] = record
+                return Claim(ClaimStatus.COMPLETED, record)
+            if record.lease_expires_at > now:
+                return Claim(ClaimStatus.IN_PROGRESS, record)
+        record = Record(
+            tenant=tenant,
+            key=key,
+            fingerprint=fingerprint,
+            state=RecordState.IN_PROGRESS,
+            token=secrets.token_hex(8),
+            created_at=now,
+            lease_expires_at=now + lease,
+            expires_at=now + ttl,
+        )
+        self._records[(tenant, key)] = record
+        return Claim(ClaimStatus.ACQUIRED, record)
+
+    def _held(self, tenant: str, key: str, token: str) -> Record | None:
+        record = self._live(tenant, key)
+        if record is None or record.token != token or record.state is not RecordState.IN_PROGRESS:
+            return None
+        return record
+
+    async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
+        record = self._held(tenant, key, token)
+        if record is None:
+            return False
+        lease_end = self._clock.now() + lease
+        self._records[(tenant, key)] = dataclasses.replace(record, lease_expires_at=lease_end)
+        return True
+
+    async def complete(
+        self,
+        tenant: str,
+        key: str,
+        token: str,
+        response: StoredResponse,
+        *,
+        ttl: float,
+        usage: Mapping[str, int] | None = None,
+        cost_usd: float | None = None,
+        replays: int = 0,
+    ) -> bool:
+        record = self._held(tenant, key, token)
+        if record is None:
+            return False
+        now = self._clock.now()
+        self._records[(tenant, key)] = dataclasses.replace(
+            record,
+            state=RecordState.COMPLETED,
+            response=response,
+            completed_at=now,
+            expires_at=now + ttl,
+            usage=dict(usage) if usage is not None else None,
+            cost_usd=cost_usd,
+            replays=record.replays + replays,
+        )
+        self._waiters.notify(f"{tenant}\x00{key}")
+        return True
+
+    async def release(self, tenant: str, key: str, token: str) -> bool:
+        if self._held(tenant, key, token) is None:
+            return False
+        del self._records[(tenant, key)]
+        self._waiters.notify(f"{tenant}\x00{key}")
+        return True
+
+    async def get(self, tenant: str, key: str) -> Record | None:
+        return self._live(tenant, key)
+
+    async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
+        record = self._live(tenant, key)
+        if record is None or record.state is RecordState.COMPLETED:
+            return record
+        # A dead holder never notifies: wake up when its lease runs out at the latest.
+        until_lease_end = max(0.0, record.lease_expires_at - self._clock.now())
+        await self._waiters.wait(f"{tenant}\x00{key}", min(timeout, until_lease_end))
+        return self._live(tenant, key)
+
+    async def purge_expired(self) -> int:
+        now = self._clock.now()
+        expired = [name for name, record in self._records.items() if record.expires_at <= now]
+        for name in expired:
+            del self._records[name]
+        return len(expired)
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._records.clear()

@@ -1,0 +1,174 @@
+"""What every store must do. Leases and TTLs are driven by a manual clock, never by sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+from payonce.clock import ManualClock
+from payonce.store import ClaimStatus, RecordState, Store, StoredResponse
+
+LEASE, TTL = 30.0, 3600.0
+RESPONSE = StoredResponse(200, (("content-type", "application/json"), ("x-request-id", "r1")), b'{"ok":1}')
+
+
+async def claim(store: Store, key: str = "k", fp: str = "fp") -> tuple[ClaimStatus, str]:
+    result = await store.claim("t", key, fp, lease=LEASE, ttl=TTL)
+    return result.status, result.record.token
+
+
+async def test_first_claim_acquires_and_second_sees_in_progress(store: Store) -> None:
+    status, token = await claim(store)
+    assert status is ClaimStatus.ACQUIRED
+    again = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
+    assert again.status is ClaimStatus.IN_PROGRESS
+    assert again.record.token == token
+
+
+async def test_complete_then_replays_are_counted(store: Store) -> None:
+    _, token = await claim(store)
+    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL, usage={"input_tokens": 3}, cost_usd=0.5)
+    for expected in (1, 2):
+        result = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
+        assert result.status is ClaimStatus.COMPLETED
+        assert result.record.response == RESPONSE
+        assert result.record.replays == expected
+    record = await store.get("t", "k")
+    assert record is not None
+    assert record.state is RecordState.COMPLETED
+    assert record.usage == {"input_tokens": 3}
+    assert record.cost_usd == 0.5
+
+
+async def test_complete_adds_joined_duplicates_to_replays(store: Store) -> None:
+    _, token = await claim(store)
+    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL, replays=4)
+    record = await store.get("t", "k")
+    assert record is not None and record.replays == 4
+
+
+async def test_different_fingerprint_is_a_mismatch_and_leaves_the_record(store: Store) -> None:
+    _, token = await claim(store)
+    assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
+    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
+    record = await store.get("t", "k")
+    assert record is not None and record.fingerprint == "fp" and record.response == RESPONSE
+
+
+async def test_tenants_and_keys_are_separate(store: Store) -> None:
+    assert (await store.claim("a", "k", "fp", lease=LEASE, ttl=TTL)).status is ClaimStatus.ACQUIRED
+    assert (await store.claim("b", "k", "fp", lease=LEASE, ttl=TTL)).status is ClaimStatus.ACQUIRED
+    assert (await store.claim("a", "k2", "fp", lease=LEASE, ttl=TTL)).status is ClaimStatus.ACQUIRED
+    assert await store.get("c", "k") is None
+
+
+async def test_release_lets_the_next_claim_run_again(store: Store) -> None:
+    _, token = await claim(store)
+    assert await store.release("t", "k", token)
+    assert await store.get("t", "k") is None
+    status, new_token = await claim(store)
+    assert status is ClaimStatus.ACQUIRED and new_token != token
+    assert not await store.release("t", "k", token), "a stale token cannot release"
+
+
+async def test_lease_expiry_lets_a_retry_take_over_and_fences_the_late_writer(
+    store: Store, clock: ManualClock
+) -> None:
+    _, old = await claim(store)
+    clock.advance(LEASE - 1)
+    assert (await claim(store))[0] is ClaimStatus.IN_PROGRESS
+    clock.advance(2)
+    status, new = await claim(store)
+    assert status is ClaimStatus.ACQUIRED and new != old
+    late = StoredResponse(200, (), b"late")
+    assert not await store.complete("t", "k", old, late, ttl=TTL)
+    assert not await store.renew("t", "k", old, lease=LEASE)
+    assert not await store.release("t", "k", old)
+    assert await store.complete("t", "k", new, RESPONSE, ttl=TTL)
+    record = await store.get("t", "k")
+    assert record is not None and record.response == RESPONSE
+
+
+async def test_expired_lease_with_another_fingerprint_is_still_a_mismatch(
+    store: Store, clock: ManualClock
+) -> None:
+    await claim(store)
+    clock.advance(LEASE + 1)
+    assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
+
+
+async def test_renew_keeps_the_lease(store: Store, clock: ManualClock) -> None:
+    _, token = await claim(store)
+    for _ in range(5):
+        clock.advance(LEASE - 5)
+        assert await store.renew("t", "k", token, lease=LEASE)
+    assert (await claim(store))[0] is ClaimStatus.IN_PROGRESS
+    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    assert not await store.renew("t", "k", token, lease=LEASE), "completed records have no lease"
+
+
+async def test_ttl_expiry_forgets_completed_records_and_purge_deletes_them(
+    store: Store, clock: ManualClock
+) -> None:
+    _, token = await claim(store)
+    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    await claim(store, key="young")
+    clock.advance(TTL + 1)
+    assert await store.get("t", "k") is None
+    status, _ = await claim(store)
+    assert status is ClaimStatus.ACQUIRED, "an expired record is a new key"
+    clock.advance(TTL + 1)
+    assert await store.purge_expired() >= 1
+    assert await store.get("t", "young") is None
+
+
+async def test_wait_returns_when_the_holder_completes(store: Store) -> None:
+    _, token = await claim(store)
+
+    async def finish() -> None:
+        await asyncio.sleep(0.05)
+        await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+
+    task = asyncio.create_task(finish())
+    record = await asyncio.wait_for(store.wait("t", "k", timeout=5), 3)
+    await task
+    assert record is not None and record.state is RecordState.COMPLETED
+
+
+async def test_wait_returns_when_the_holder_releases(store: Store) -> None:
+    _, token = await claim(store)
+
+    async def give_up() -> None:
+        await asyncio.sleep(0.05)
+        await store.release("t", "k", token)
+
+    task = asyncio.create_task(give_up())
+    assert await asyncio.wait_for(store.wait("t", "k", timeout=5), 3) is None
+    await task
+
+
+async def test_wait_times_out_on_a_live_lease(store: Store) -> None:
+    await claim(store)
+    record = await store.wait("t", "k", timeout=0.05)
+    assert record is not None and record.state is RecordState.IN_PROGRESS
+
+
+async def test_wait_does_not_sleep_past_a_lapsed_lease(store: Store, clock: ManualClock) -> None:
+    await claim(store)
+    clock.advance(LEASE + 1)
+    record = await asyncio.wait_for(store.wait("t", "k", timeout=30), 1)
+    assert record is not None and record.lease_expires_at <= clock.now()
+
+
+async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
+    results = await asyncio.gather(*(store.claim("t", "k", "fp", lease=LEASE, ttl=TTL) for _ in range(50)))
+    assert sum(r.status is ClaimStatus.ACQUIRED for r in results) == 1
+
+
+async def test_responses_round_trip_bytes_and_header_order(store: Store) -> None:
+    _, token = await claim(store)
+    body = bytes(range(256)) * 10
+    headers = (("x-b", "2"), ("x-a", "1"), ("set-cookie", "a=1"), ("set-cookie", "b=2"))
+    await store.complete("t", "k", token, StoredResponse(201, headers, body), ttl=TTL)
+    record = await store.get("t", "k")
+    assert record is not None and record.response == StoredResponse(201, headers, body)
