@@ -1,17 +1,222 @@
-"""The ``payonce`` command line: the only module that wires the parts together."""
+"""The ``payonce`` command line: the only module that wires the parts together.
+
+Errors in flags, ``PAYONCE_*`` variables or the config file end the command with
+one line on stderr and exit code 2; nothing prints a traceback for bad input.
+"""
 
 from __future__ import annotations
+
+import sys
+from typing import Any
 
 import click
 
 from payonce import __version__
+from payonce.config import GatewaySettings, load_toml, parse_duration, parse_size
+from payonce.errors import ConfigError, PayonceError
 from payonce.sim.cli import sim_command
+
+__all__ = ["cli", "main"]
+
+
+class Duration(click.ParamType[float]):
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            return parse_duration(value, _flag(param))
+        except ConfigError as exc:
+            self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+
+
+class Size(click.ParamType[int]):
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_size(value, _flag(param))
+        except ConfigError as exc:
+            self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+
+
+def _flag(param: click.Parameter | None) -> str:
+    return f"--{param.name.replace('_', '-')}" if param and param.name else "value"
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
+    # Eager, so the file's values become defaults that env vars and flags override.
+    if path:
+        ctx.default_map = {**(ctx.default_map or {}), **load_toml(path)}
+
+
+def _env(name: str) -> str:
+    return "PAYONCE_" + name.upper()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="payonce")
-def main() -> None:
+def cli() -> None:
     """payonce: make a retried LLM API call cost the same as one call."""
 
 
-main.add_command(sim_command, "sim")
+@cli.command("serve")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    envvar=_env("config"),
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config,
+    help="TOML file of settings (flat, or under [serve]); flags and env vars win.",
+)
+@click.option(
+    "--upstream",
+    envvar=_env("upstream"),
+    default="sim",
+    show_default=True,
+    help="Base URL of the LLM API (https://api.openai.com, http://vllm:8000), or 'sim'"
+    " to start the simulated provider.",
+)
+@click.option(
+    "--store",
+    envvar=_env("store"),
+    default="sqlite:///./payonce.db",
+    show_default=True,
+    help="memory:// or sqlite:///path.db",
+)
+@click.option("--host", envvar=_env("host"), default="127.0.0.1", show_default=True)
+@click.option("--port", envvar=_env("port"), type=int, default=8080, show_default=True)
+@click.option(
+    "--require-key/--no-require-key",
+    envvar=_env("require_key"),
+    default=False,
+    show_default=True,
+    help="Refuse requests without an Idempotency-Key (400).",
+)
+@click.option(
+    "--key-from-request-id/--no-key-from-request-id",
+    envvar=_env("key_from_request_id"),
+    default=False,
+    show_default=True,
+    help="Also accept X-Request-ID as the key (only if clients keep it across retries).",
+)
+@click.option(
+    "--tenant-header",
+    envvar=_env("tenant_header"),
+    default=None,
+    help="Header naming the tenant, instead of a hash of the credential.",
+)
+@click.option(
+    "--wait-timeout",
+    envvar=_env("wait_timeout"),
+    type=Duration(),
+    default="60s",
+    show_default=True,
+    help="How long a duplicate waits for the running call before 409.",
+)
+@click.option(
+    "--lease",
+    envvar=_env("lease"),
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="Claim lease, renewed every third of it while the upstream call runs.",
+)
+@click.option(
+    "--ttl",
+    envvar=_env("ttl"),
+    type=Duration(),
+    default="24h",
+    show_default=True,
+    help="How long completed records are kept and replayed.",
+)
+@click.option(
+    "--max-body",
+    envvar=_env("max_body"),
+    type=Size(),
+    default="10MiB",
+    show_default=True,
+    help="Largest request body accepted (413 beyond).",
+)
+@click.option(
+    "--on-disconnect",
+    envvar=_env("on_disconnect"),
+    type=click.Choice(["cancel", "continue"]),
+    default="cancel",
+    show_default=True,
+    help="What to do with an unkeyed upstream call when its client leaves."
+    " Keyed calls always continue, for the retry.",
+)
+@click.option(
+    "--connect-timeout",
+    envvar=_env("connect_timeout"),
+    type=Duration(),
+    default="5s",
+    show_default=True,
+)
+@click.option(
+    "--upstream-timeout",
+    envvar=_env("upstream_timeout"),
+    type=Duration(),
+    default="600s",
+    show_default=True,
+    help="Read timeout of one upstream call.",
+)
+@click.option(
+    "--connect-retries",
+    envvar=_env("connect_retries"),
+    type=int,
+    default=2,
+    show_default=True,
+    help="Retries when the upstream provably got nothing.",
+)
+@click.option(
+    "--sim-port",
+    envvar=_env("sim_port"),
+    type=int,
+    default=8100,
+    show_default=True,
+    help="Port of the simulator started by --upstream sim.",
+)
+@click.option(
+    "--log-level",
+    envvar=_env("log_level"),
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+def serve_command(**options: Any) -> None:
+    """Run the idempotency gateway in front of an LLM API."""
+    from payonce.gateway.server import run  # imported here: uvicorn is not needed for --help
+
+    run(GatewaySettings(**options))
+
+
+cli.add_command(sim_command, "sim")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, exit code 2 for bad input."""
+    try:
+        cli.main(args=argv, prog_name="payonce", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        sys.exit(0)
+    except click.UsageError as exc:
+        click.echo(f"payonce: error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"payonce: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except ConfigError as exc:
+        click.echo(f"payonce: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except PayonceError as exc:
+        click.echo(f"payonce: error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -121,7 +121,12 @@ class UpstreamTimeout(ProblemError, TimeoutError):
 
 class StoreUnavailable(ProblemError, ConnectionError):
     # DESIGN.md: with a key and no store, answer 503; never run unprotected.
-    status, slug, title, should_retry = 503, "store-unavailable", "Idempotency store unavailable", True
+    status, slug, title, should_retry = (
+        503,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        True,
+    )
 
 
 class StoreTimeout(StoreUnavailable, TimeoutError):

@@ -80,7 +80,9 @@ def read_key(headers: Sequence[tuple[bytes, bytes]], names: Sequence[bytes]) -> 
         if name in names:
             key = parse_key(value)
             if found is not None and key != found:
-                raise InvalidIdempotencyKey("the request carries several different idempotency keys")
+                raise InvalidIdempotencyKey(
+                    "the request carries several different idempotency keys"
+                )
             found = key
     return found
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from payonce.clock import Clock
 from payonce.errors import ConfigError
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, Store, StoredResponse
@@ -28,15 +30,28 @@ def validate_store_url(url: str) -> str:
         if url.startswith("sqlite:///") and len(url) == len("sqlite:///"):
             raise ConfigError("--store: sqlite:/// needs a file path, e.g. sqlite:///./payonce.db")
         return url
-    raise ConfigError(
-        f"--store: unsupported store URL {url!r}; use memory:// or sqlite:///path.db"
-    )
+    raise ConfigError(f"--store: unsupported store URL {url!r}; use memory:// or sqlite:///path.db")
 
 
 def open_store(url: str, clock: Clock | None = None) -> Store:
-    """Open the store a ``--store`` URL names."""
+    """Open the store a ``--store`` URL names.
+
+    ``sqlite:///relative.db`` and ``sqlite:////absolute.db`` as in SQLAlchemy;
+    ``?timeout=SECONDS`` sets how long a write waits for another process's
+    lock before the request is answered 503 (default 5).
+    """
     validate_store_url(url)
     if url == "memory://":
         return MemoryStore(clock)
-    # sqlite:///relative.db and sqlite:////absolute.db, as in SQLAlchemy.
-    return SQLiteStore(url[len("sqlite:///") :], clock)
+    path, _, query = url[len("sqlite:///") :].partition("?")
+    busy_timeout = 5.0
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if name != "timeout":
+            raise ConfigError(f"--store: unknown SQLite option {name!r} (known: timeout)")
+        try:
+            busy_timeout = float(values[-1])
+        except ValueError:
+            raise ConfigError(f"--store: timeout={values[-1]!r} is not a number") from None
+        if not 0 <= busy_timeout <= 600:
+            raise ConfigError("--store: timeout must be between 0 and 600 seconds")
+    return SQLiteStore(path, clock, busy_timeout=busy_timeout)

@@ -138,7 +138,9 @@ class SQLiteStore:
                 "SELECT value FROM payonce_meta WHERE name = 'schema_version'"
             ).fetchone()
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"--store: cannot use {path} as a payonce SQLite store: {exc}") from exc
+            raise ConfigError(
+                f"--store: cannot use {path} as a payonce SQLite store: {exc}"
+            ) from exc
         if row is None:
             self._db.execute(
                 "INSERT OR IGNORE INTO payonce_meta VALUES ('schema_version', ?)",
@@ -249,7 +251,8 @@ class SQLiteStore:
 
     async def get(self, tenant: str, key: str) -> Record | None:
         row = self._run(
-            f"SELECT {_COLUMNS} FROM payonce_records WHERE tenant = ? AND key = ? AND expires_at > ?",
+            f"SELECT {_COLUMNS} FROM payonce_records"
+            " WHERE tenant = ? AND key = ? AND expires_at > ?",
             (tenant, key, self._clock.now()),
         ).fetchone()
         return _record(row) if row is not None else None

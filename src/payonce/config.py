@@ -1,0 +1,134 @@
+"""Settings, read in one place.
+
+CLI flags win over ``PAYONCE_*`` variables, which win over a TOML file, then defaults.
+
+Values are parsed here and checked in ``__post_init__``, so a bad value fails at
+start-up with one line naming the flag, never later with a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from payonce.errors import ConfigError
+
+__all__ = ["GatewaySettings", "load_toml", "parse_duration", "parse_size"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3,
+}  # fmt: skip
+
+
+def parse_duration(value: str | float, name: str) -> float:
+    """``"30s"``, ``"500ms"``, ``"24h"``, ``"2d"`` or a number of seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if match is None:
+            raise ConfigError(f"{name}: {value!r} is not a duration (e.g. 500ms, 30s, 5m, 24h)")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError(f"{name}: must not be negative")
+    return seconds
+
+
+def parse_size(value: str | int, name: str) -> int:
+    """``"10MiB"``, ``"512KB"`` or a number of bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ConfigError(f"{name}: {value!r} is not a size (e.g. 10MiB, 512KB, 1048576)")
+        size = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()])
+    if size <= 0:
+        raise ConfigError(f"{name}: must be positive")
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """Everything ``payonce serve`` can be told. See README, Configuration."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    upstream: str = "sim"
+    store: str = "sqlite:///./payonce.db"
+    require_key: bool = False
+    # X-Request-ID is often set per attempt by proxies, so it is a key only when asked.
+    key_from_request_id: bool = False
+    tenant_header: str | None = None
+    wait_timeout: float = 60.0
+    lease: float = 30.0
+    ttl: float = 86400.0
+    max_body: int = 10 * 1024 * 1024
+    on_disconnect: str = "cancel"
+    connect_timeout: float = 5.0
+    upstream_timeout: float = 600.0
+    connect_retries: int = 2
+    sim_port: int = 8100
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port: {self.port} is not a TCP port (0-65535)")
+        if not 1 <= self.sim_port <= 65535:
+            raise ConfigError(f"--sim-port: {self.sim_port} is not a TCP port (1-65535)")
+        if self.on_disconnect not in ("cancel", "continue"):
+            raise ConfigError(f"--on-disconnect: {self.on_disconnect!r} is not cancel or continue")
+        if self.lease < 1:
+            raise ConfigError("--lease: must be at least 1s (it is renewed every third of it)")
+        if self.ttl < self.lease:
+            raise ConfigError("--ttl: must be at least as long as --lease")
+        if self.wait_timeout <= 0:
+            raise ConfigError("--wait-timeout: must be positive")
+        if self.connect_timeout <= 0 or self.upstream_timeout <= 0:
+            raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
+        if not 0 <= self.connect_retries <= 10:
+            raise ConfigError("--connect-retries: must be between 0 and 10")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise ConfigError(
+                f"--log-level: {self.log_level!r} is not one of"
+                " critical, error, warning, info, debug"
+            )
+        if self.tenant_header is not None and not re.fullmatch(
+            r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", self.tenant_header
+        ):
+            raise ConfigError(f"--tenant-header: {self.tenant_header!r} is not a header name")
+
+
+SETTING_NAMES = frozenset(field.name for field in fields(GatewaySettings))
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a ``--config`` file: a flat TOML table (or ``[serve]``) of setting names.
+
+    Names may use dashes or underscores (``wait-timeout`` or ``wait_timeout``).
+    """
+    try:
+        with Path(path).open("rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config: {path} is not valid TOML: {exc}") from None
+    table = document.get("serve", document)
+    if not isinstance(table, dict):
+        raise ConfigError(f"--config: [serve] in {path} must be a table")
+    values: dict[str, Any] = {}
+    for raw_name, value in table.items():
+        name = raw_name.replace("-", "_")
+        if name not in SETTING_NAMES:
+            raise ConfigError(f"--config: unknown setting {raw_name!r} in {path}")
+        values[name] = value
+    return values

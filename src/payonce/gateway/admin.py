@@ -1,0 +1,138 @@
+"""The gateway's own endpoints under ``/_payonce/``.
+
+Records are read with the caller's credential: the tenant hash of the request
+decides which records it can see, so one tenant can never read another's
+result by guessing its key (draft-ietf-httpapi-idempotency-key-header, section 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, unquote
+
+from payonce.errors import InvalidIdempotencyKey, NotFound, ProblemError, RequestInProgress
+from payonce.gateway.asgi import Receive, Scope, Send, send_json
+from payonce.gateway.keys import MAX_KEY_LENGTH
+from payonce.store import Record, RecordState
+
+if TYPE_CHECKING:
+    from payonce.gateway.app import Gateway
+
+__all__ = ["handle", "record_document"]
+
+MAX_WAIT = 300.0
+
+
+class MethodNotAllowed(ProblemError):
+    status, slug, title, should_retry = 405, "method-not-allowed", "Method not allowed", False
+
+
+class BadQuery(ProblemError, ValueError):
+    status, slug, title, should_retry = 400, "bad-query", "Bad query parameter", False
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return (
+        datetime.fromtimestamp(timestamp, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def record_document(record: Record) -> dict[str, object]:
+    """The status document of one record (README, Status endpoint)."""
+    return {
+        "key": record.key,
+        "state": record.state.value,
+        "status_code": record.response.status if record.response else None,
+        "created_at": _iso(record.created_at),
+        "completed_at": _iso(record.completed_at),
+        "replays": record.replays,
+        "usage": dict(record.usage) if record.usage is not None else None,
+        "cost_usd": record.cost_usd,
+    }
+
+
+def _key_from_path(segment: str) -> str:
+    key = unquote(segment)
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
+        raise InvalidIdempotencyKey(
+            f"the key in the path must be 1-{MAX_KEY_LENGTH} printable ASCII characters"
+        )
+    return key
+
+
+def _wait_seconds(query: bytes) -> float:
+    values = parse_qs(query.decode("latin-1")).get("wait")
+    if not values:
+        return 0.0
+    try:
+        seconds = float(values[-1])
+    except ValueError:
+        raise BadQuery(f"wait={values[-1]!r} is not a number of seconds") from None
+    if not 0 <= seconds <= MAX_WAIT or math.isnan(seconds):
+        raise BadQuery(f"wait must be between 0 and {MAX_WAIT:.0f} seconds")
+    return seconds
+
+
+async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Record:
+    record = await gateway.store.get(tenant, key)
+    if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
+        local = gateway.running.get((tenant, key))
+        if local is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(local.future), wait)
+            record = await gateway.store.get(tenant, key)
+        else:
+            record = await gateway.store.wait(tenant, key, wait)
+    if record is None:
+        # Never seen, expired, or released after a failure: a retry with this key runs again.
+        raise NotFound(f"no record for Idempotency-Key {key!r} for this credential")
+    return record
+
+
+async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    path: str = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+    parts = path.split("/")  # ["", "_payonce", ...]
+    if scope["method"] not in ("GET", "HEAD"):
+        raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
+    if parts[2:] == ["health"]:
+        await gateway.store.ping()
+        await send_json(send, 200, {"status": "ok", "store": "ok"})
+        return
+    if len(parts) in (4, 5) and parts[2] == "requests" and parts[3]:
+        key = _key_from_path(parts[3])
+        tenant = gateway.tenant(scope["headers"])
+        wait = _wait_seconds(scope["query_string"])
+        if len(parts) == 4:
+            record = await _lookup(gateway, tenant, key, wait)
+            await send_json(send, 200, record_document(record))
+            return
+        if parts[4] == "response":
+            record = await _lookup(gateway, tenant, key, wait)
+            if record.response is None:
+                raise RequestInProgress(
+                    f"the request with Idempotency-Key {key!r} has no response yet",
+                    retry_after=1,
+                )
+            headers = [
+                (n.encode("latin-1"), v.encode("latin-1")) for n, v in record.response.headers
+            ]
+            headers.append((b"idempotent-replayed", b"true"))
+            headers.append((b"content-length", str(len(record.response.body)).encode()))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": record.response.status,
+                    "headers": headers,
+                }
+            )
+            await send({"type": "http.response.body", "body": record.response.body})
+            return
+    raise NotFound(f"{scope['path']} is not a payonce endpoint")

@@ -1,0 +1,135 @@
+"""One keyed upstream run, owned by this process, and the duplicates that join it.
+
+The run is a task of its own, detached from the client's request: when the
+client disconnects or times out, the upstream call goes on and its result is
+stored for the retry (DESIGN.md, Disconnects). While it runs, its lease is
+renewed every third of the lease; duplicates arriving at this process await its
+outcome directly instead of polling the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from payonce.errors import ProblemError, StoreUnavailable
+from payonce.gateway.request import ProxiedRequest
+from payonce.gateway.upstream import Upstream, UpstreamResponse
+from payonce.observe.usage import extract_usage
+from payonce.store import Store, StoredResponse
+
+__all__ = ["Execution", "Outcome", "is_stored_status", "run_execution"]
+
+log = logging.getLogger("payonce.gateway")
+
+Outcome = UpstreamResponse | ProblemError
+
+
+def is_stored_status(status: int) -> bool:
+    """2xx and most 4xx are the request's answer and are replayed; these are not.
+
+    408, 409, 429 and 5xx say the upstream did not do the work (or may not
+    have), so the record is released and the next retry runs again, as Azure's
+    Repeatability and Stripe do.
+    """
+    return status < 500 and status not in (408, 409, 429)
+
+
+@dataclass(slots=True, eq=False)
+class Execution:
+    tenant: str
+    key: str
+    token: str
+    fingerprint: str
+    future: asyncio.Future[Outcome]
+    joined: int = 0
+    lease_lost: bool = field(default=False)
+
+
+async def _keep_lease(store: Store, execution: Execution, lease: float) -> None:
+    while True:
+        await asyncio.sleep(lease / 3)
+        try:
+            held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
+        except StoreUnavailable as exc:
+            log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
+            continue
+        if not held:
+            execution.lease_lost = True
+            log.warning("lost the lease of key %r; its result will not be stored", execution.key)
+            return
+
+
+async def run_execution(
+    store: Store,
+    upstream: Upstream,
+    execution: Execution,
+    request: ProxiedRequest,
+    *,
+    lease: float,
+    ttl: float,
+    running: dict[tuple[str, str], Execution],
+) -> None:
+    """Call the upstream, then store or release the record, then resolve the future."""
+    renewer = asyncio.create_task(_keep_lease(store, execution, lease))
+    name = (execution.tenant, execution.key)
+    outcome: Outcome
+    try:
+        try:
+            outcome = await upstream.send(
+                request.method,
+                request.raw_path,
+                request.query,
+                request.upstream_headers(),
+                request.body,
+            )
+        except ProblemError as exc:
+            outcome = exc
+        renewer.cancel()
+        # No new joiners past this point: later duplicates go through the store.
+        running.pop(name, None)
+        await _settle(store, execution, outcome, ttl)
+    except BaseException:
+        # Cancelled at shutdown, or a bug: give the key up so a retry can run.
+        renewer.cancel()
+        running.pop(name, None)
+        await _release_quietly(store, execution)
+        if not execution.future.done():
+            execution.future.cancel()
+        raise
+    execution.future.set_result(outcome)
+
+
+async def _settle(store: Store, execution: Execution, outcome: Outcome, ttl: float) -> None:
+    if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
+        await _release_quietly(store, execution)
+        return
+    response = StoredResponse(outcome.status, outcome.headers, outcome.body)
+    usage = extract_usage(outcome.body, outcome.headers)
+    try:
+        stored = await store.complete(
+            execution.tenant,
+            execution.key,
+            execution.token,
+            response,
+            ttl=ttl,
+            usage=usage,
+            replays=execution.joined,
+        )
+    except StoreUnavailable as exc:
+        # The client still gets its answer; the record's lease will lapse and a
+        # later retry runs again. Nothing better is possible without a store.
+        log.error("could not store the result of key %r: %s", execution.key, exc)
+        return
+    if not stored:
+        log.warning(
+            "the result of key %r was not stored: its lease passed to another holder", execution.key
+        )
+
+
+async def _release_quietly(store: Store, execution: Execution) -> None:
+    try:
+        await store.release(execution.tenant, execution.key, execution.token)
+    except StoreUnavailable as exc:
+        log.error("could not release key %r (its lease will lapse): %s", execution.key, exc)

@@ -1,0 +1,125 @@
+"""Running the gateway: open the store, start the upstream client, serve with uvicorn.
+
+uvicorn (httptools, uvloop) serves the pure ASGI app; aiohttp is the upstream
+client. Both were chosen by measurement (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import uvicorn
+
+from payonce.clock import Clock
+from payonce.config import GatewaySettings
+from payonce.errors import ConfigError
+from payonce.gateway.app import Gateway
+from payonce.gateway.upstream import Upstream, parse_upstream_url
+from payonce.store import open_store
+
+__all__ = ["run", "serve"]
+
+log = logging.getLogger("payonce.gateway")
+
+
+@contextlib.asynccontextmanager
+async def embedded_sim(port: int) -> AsyncIterator[str]:
+    """Start ``payonce sim`` as a child process (for ``--upstream sim``) and stop it after."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port)
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                if process.returncode is not None:
+                    raise ConfigError(
+                        f"--upstream sim: the simulator exited with {process.returncode}"
+                        f" (is port {port} free? choose another with --sim-port)"
+                    )
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url + "/_sim/health") as response:
+                        if response.status == 200:
+                            break
+                await asyncio.sleep(0.05)
+            else:
+                raise ConfigError(f"--upstream sim: the simulator did not start on port {port}")
+        log.info("simulated LLM upstream on %s (billing ledger: %s/_sim/ledger)", url, url)
+        yield url
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), 5)
+        if process.returncode is None:
+            process.kill()
+
+
+async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, then let keyed upstream calls finish (up to one lease)."""
+    if settings.upstream != "sim":
+        parse_upstream_url(settings.upstream)
+    store = open_store(settings.store, clock)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            upstream_url = settings.upstream
+            if upstream_url == "sim":
+                upstream_url = await stack.enter_async_context(embedded_sim(settings.sim_port))
+            upstream = Upstream(
+                upstream_url,
+                connect_timeout=settings.connect_timeout,
+                read_timeout=settings.upstream_timeout,
+                connect_retries=settings.connect_retries,
+            )
+            await upstream.start()
+            stack.push_async_callback(upstream.close)
+            gateway = Gateway(settings, store, upstream, clock)
+            config = uvicorn.Config(
+                gateway,
+                host=settings.host,
+                port=settings.port,
+                http="httptools",
+                loop="none",  # the running loop (uvloop, set up by run())
+                lifespan="off",
+                access_log=False,
+                server_header=False,  # relay the upstream's own Server and Date
+                date_header=False,
+                log_level=settings.log_level,
+                timeout_graceful_shutdown=5,
+            )
+            server = uvicorn.Server(config)
+            purger = asyncio.create_task(gateway.purge_loop(min(60.0, settings.ttl / 10)))
+            log.info(
+                "payonce gateway on http://%s:%d -> %s (store %s)",
+                settings.host,
+                settings.port,
+                upstream_url,
+                settings.store,
+            )
+            try:
+                await server.serve()
+            finally:
+                purger.cancel()
+                await gateway.drain(grace=settings.lease)
+    finally:
+        await store.close()
+
+
+def run(settings: GatewaySettings, clock: Clock | None = None) -> None:
+    """Blocking entry point used by ``payonce serve``."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        asyncio.run(serve(settings, clock))
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(settings, clock))

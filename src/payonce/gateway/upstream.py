@@ -1,0 +1,157 @@
+"""The gateway's upstream HTTP client (aiohttp).
+
+aiohttp, not httpx, on this hot path: as a high-concurrency proxy client httpx
+measured several times slower per request here (docs/benchmarks.md). Bodies are
+relayed as received (``auto_decompress=False``) so a replay is byte-for-byte the
+original.
+
+Retries happen only when the request provably never left (DESIGN.md, Gateway
+retries): aiohttp's ``ClientConnectorError`` covers refused connections, DNS
+failures and connect timeouts. Anything after the request was written is
+ambiguous, since the provider may be generating (and billing) already, so it is
+reported, never retried here. ``ConnectionTimeoutError`` is aiohttp's connect
+timeout (``sock_connect``): nothing was written either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from payonce.errors import ConfigError, UpstreamTimeout, UpstreamUnavailable
+
+__all__ = ["HOP_BY_HOP", "Upstream", "UpstreamResponse", "parse_upstream_url"]
+
+# RFC 9110 section 7.6.1 connection-specific fields, plus the ones the proxy
+# recomputes itself (host, content-length).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def parse_upstream_url(url: str) -> URL:
+    """Validate ``--upstream``: an absolute http(s) URL, optionally with a path prefix."""
+    try:
+        parsed = URL(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--upstream: {url!r} is not a URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"--upstream: {url!r} must be an http:// or https:// URL (or 'sim'),"
+            " e.g. https://api.openai.com"
+        )
+    if parsed.query_string or parsed.fragment:
+        raise ConfigError(f"--upstream: {url!r} must not carry a query or fragment")
+    return parsed
+
+
+class Upstream:
+    """Sends one request to the upstream and reads the whole response."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+        connect_retries: int = 2,
+        backoff: float = 0.05,
+    ) -> None:
+        self._base = parse_upstream_url(base_url)
+        self._prefix = self._base.raw_path.rstrip("/")
+        self._origin = str(self._base.origin())
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
+        self._connect_retries = connect_retries
+        self._backoff = backoff
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=15)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            # Send what the client sent, no more: no default User-Agent or
+            # Accept-Encoding of ours changes what the upstream computes.
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def url_for(self, raw_path: str, query: str) -> URL:
+        target = self._origin + self._prefix + raw_path + ("?" + query if query else "")
+        return URL(target, encoded=True)
+
+    async def send(
+        self,
+        method: str,
+        raw_path: str,
+        query: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> UpstreamResponse:
+        """Forward one request; raise :class:`UpstreamUnavailable` or :class:`UpstreamTimeout`."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        url = self.url_for(raw_path, query)
+        request_headers = CIMultiDict(headers)
+        attempt = 0
+        while True:
+            try:
+                async with self._session.request(
+                    method, url, headers=request_headers, data=body or None, allow_redirects=False
+                ) as response:
+                    payload = await response.read()
+                    pairs = tuple(
+                        (name, value)
+                        for name, value in response.headers.items()
+                        if name.lower() not in HOP_BY_HOP
+                    )
+                    return UpstreamResponse(response.status, pairs, payload)
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Provably not sent: safe to try again, with full jitter.
+                if attempt >= self._connect_retries:
+                    raise UpstreamUnavailable(
+                        f"cannot connect to the upstream {self._origin}: {exc}"
+                    ) from exc
+                await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
+                attempt += 1
+            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+                raise UpstreamTimeout(
+                    "the upstream did not answer in time; retry with the same Idempotency-Key"
+                ) from exc
+            except aiohttp.ClientError as exc:
+                raise UpstreamUnavailable(
+                    "the upstream connection failed after the request was sent"
+                    f" ({exc.__class__.__name__});"
+                    " retry with the same Idempotency-Key"
+                ) from exc

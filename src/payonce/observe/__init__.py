@@ -1,0 +1,1 @@
+"""Observability: usage and cost per call."""

@@ -1,0 +1,63 @@
+"""Token usage read from a provider's response body (OpenAI and Anthropic shapes)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable
+
+__all__ = ["extract_usage"]
+
+
+def _decoded(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes | None:
+    encoding = next((v.lower() for k, v in headers if k.lower() == "content-encoding"), "")
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "deflate"):
+        try:
+            # wbits=47 accepts both gzip and zlib wrappers.
+            return zlib.decompress(body, 47)
+        except zlib.error:
+            return None
+    return None  # br, zstd: usage is reported as unknown rather than guessed
+
+
+def extract_usage(body: bytes, headers: Iterable[tuple[str, str]]) -> dict[str, int] | None:
+    """``{"input_tokens", "output_tokens", ...}`` from a JSON response, or ``None``.
+
+    OpenAI reports ``prompt_tokens``/``completion_tokens``; Anthropic reports
+    ``input_tokens``/``output_tokens``; both are mapped to the latter names.
+    Cached and reasoning token counts are kept when present.
+    """
+    headers = tuple(headers)
+    raw = _decoded(body, headers)
+    if not raw or raw[:1] != b"{":
+        return None
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    result: dict[str, int] = {}
+    for source, target in (
+        ("prompt_tokens", "input_tokens"),
+        ("completion_tokens", "output_tokens"),
+        ("input_tokens", "input_tokens"),
+        ("output_tokens", "output_tokens"),
+        ("cache_read_input_tokens", "cached_input_tokens"),
+    ):
+        value = usage.get(source)
+        if isinstance(value, int) and not isinstance(value, bool):
+            result[target] = value
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        result["cached_input_tokens"] = details["cached_tokens"]
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+        result["reasoning_tokens"] = details["reasoning_tokens"]
+    if "input_tokens" not in result and "output_tokens" not in result:
+        return None
+    result.setdefault("output_tokens", 0)  # embeddings report input tokens only
+    return result

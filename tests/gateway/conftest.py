@@ -1,0 +1,89 @@
+"""Real processes for gateway tests: one ``payonce sim`` per module, gateways per test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.processes import Process, start_payonce
+
+
+class Sim:
+    """The simulated provider and its billing ledger."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        self.url = process.url
+
+    def ledger(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/_sim/ledger", timeout=10).json()
+
+    def billed(self) -> int:
+        return int(self.ledger()["billed"])
+
+    def requests(self) -> int:
+        return int(self.ledger()["requests"])
+
+    def reset(self) -> None:
+        httpx.delete(self.url + "/_sim/ledger", timeout=10).raise_for_status()
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    log_dir = tmp_path_factory.mktemp("sim")
+    process = start_payonce(
+        ["sim", "--latency", "fixed:0", "--seed", "7"], log_dir=log_dir, ready_path="/_sim/health"
+    )
+    try:
+        yield Sim(process)
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def fresh_sim(sim: Sim) -> Sim:
+    sim.reset()
+    return sim
+
+
+GatewayFactory = Callable[..., Process]
+
+
+@pytest.fixture
+def start_gateway(fresh_sim: Sim, tmp_path: Path) -> Iterator[GatewayFactory]:
+    """Start gateways in front of the sim; each call may pass extra ``serve`` flags."""
+    started: list[Process] = []
+
+    def start(*flags: str, store: str | None = None, port: int | None = None) -> Process:
+        args = ["serve", "--upstream", fresh_sim.url, "--store", store or f"sqlite:///{tmp_path}/payonce.db"]
+        process = start_payonce(
+            [*args, *flags], log_dir=tmp_path, ready_path="/_payonce/health", port=port
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def gateway(start_gateway: GatewayFactory) -> Process:
+    return start_gateway()
+
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+AUTH = {"Authorization": "Bearer sk-test-tenant-a"}
+
+
+def chat(url: str, key: str | None = None, *, body: dict[str, Any] | None = None,
+         headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
+    """POST a chat completion through ``url`` with an optional key."""
+    sent = {**AUTH, **(headers or {})}
+    if key is not None:
+        sent["Idempotency-Key"] = key
+    return httpx.post(url + "/v1/chat/completions", json=body or CHAT, headers=sent, timeout=timeout)
