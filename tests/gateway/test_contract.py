@@ -7,7 +7,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-import httpx
+import httpx2 as httpx
 import pytest
 
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat

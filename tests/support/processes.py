@@ -71,13 +71,13 @@ def start_payonce(
     """Run ``python -m payonce <args> --port <free port>`` and wait until it answers."""
     port = port or free_port()
     log = log_dir / f"{args[0]}-{port}.log"
-    handle = log.open("wb")
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "payonce", *args, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so stop() also ends its children
-    )
+    with log.open("wb") as handle:  # the child keeps its own copy of the descriptor
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "payonce", *args, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so stop() also ends its children
+        )
     proc = Process(popen=popen, url=f"http://127.0.0.1:{port}", log=log)
     _wait_ready(proc, ready_path, timeout)
     return proc

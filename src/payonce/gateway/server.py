@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import uvicorn
@@ -25,6 +26,25 @@ from payonce.store import open_store
 __all__ = ["run", "serve"]
 
 log = logging.getLogger("payonce.gateway")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its habit of re-raising SIGTERM after shutdown.
+
+    uvicorn re-raises the captured signal once it stops serving, which kills the
+    process before ``serve()`` can drain keyed upstream calls and close the store.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 @contextlib.asynccontextmanager
@@ -92,7 +112,7 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
                 log_level=settings.log_level,
                 timeout_graceful_shutdown=5,
             )
-            server = uvicorn.Server(config)
+            server = _Server(config)
             purger = asyncio.create_task(gateway.purge_loop(min(60.0, settings.ttl / 10)))
             log.info(
                 "payonce gateway on http://%s:%d -> %s (store %s)",
