@@ -188,7 +188,12 @@ def cli() -> None:
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
 def serve_command(**options: Any) -> None:
-    """Run the idempotency gateway in front of an LLM API."""
+    """Run the idempotency gateway in front of an LLM API.
+
+    Every flag can also be set as a PAYONCE_<FLAG> environment variable
+    (PAYONCE_WAIT_TIMEOUT=30s, PAYONCE_REQUIRE_KEY=true) or in the --config
+    TOML file; flags win over variables, which win over the file.
+    """
     from payonce.gateway.server import run  # imported here: uvicorn is not needed for --help
 
     run(GatewaySettings(**options))

@@ -59,7 +59,13 @@ def start_gateway(fresh_sim: Sim, tmp_path: Path) -> Iterator[GatewayFactory]:
     started: list[Process] = []
 
     def start(*flags: str, store: str | None = None, port: int | None = None) -> Process:
-        args = ["serve", "--upstream", fresh_sim.url, "--store", store or f"sqlite:///{tmp_path}/payonce.db"]
+        args = [
+            "serve",
+            "--upstream",
+            fresh_sim.url,
+            "--store",
+            store or f"sqlite:///{tmp_path}/payonce.db",
+        ]
         process = start_payonce(
             [*args, *flags], log_dir=tmp_path, ready_path="/_payonce/health", port=port
         )
@@ -76,14 +82,26 @@ def gateway(start_gateway: GatewayFactory) -> Process:
     return start_gateway()
 
 
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+CHAT = {
+    "model": "gpt-4o-mini",
+    "messages": [{"role": "user", "content": "Say hello"}],
+    "max_tokens": 16,
+}
 AUTH = {"Authorization": "Bearer sk-test-tenant-a"}
 
 
-def chat(url: str, key: str | None = None, *, body: dict[str, Any] | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
+def chat(
+    url: str,
+    key: str | None = None,
+    *,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> httpx.Response:
     """POST a chat completion through ``url`` with an optional key."""
     sent = {**AUTH, **(headers or {})}
     if key is not None:
         sent["Idempotency-Key"] = key
-    return httpx.post(url + "/v1/chat/completions", json=body or CHAT, headers=sent, timeout=timeout)
+    return httpx.post(
+        url + "/v1/chat/completions", json=body or CHAT, headers=sent, timeout=timeout
+    )

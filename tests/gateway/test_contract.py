@@ -14,7 +14,9 @@ from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.processes import Process
 
 
-def assert_problem(response: httpx.Response, status: int, should_retry: str | None) -> dict[str, object]:
+def assert_problem(
+    response: httpx.Response, status: int, should_retry: str | None
+) -> dict[str, object]:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert response.headers.get("x-should-retry") == should_retry
@@ -23,7 +25,9 @@ def assert_problem(response: httpx.Response, status: int, should_retry: str | No
     return problem
 
 
-def test_new_key_forwards_once_and_a_completed_duplicate_replays(gateway: Process, fresh_sim: Sim) -> None:
+def test_new_key_forwards_once_and_a_completed_duplicate_replays(
+    gateway: Process, fresh_sim: Sim
+) -> None:
     first = chat(gateway.url, "order-1")
     assert first.status_code == 200
     assert first.headers["idempotent-replayed"] == "false"
@@ -46,7 +50,9 @@ def test_json_key_order_does_not_change_the_fingerprint(gateway: Process, fresh_
     assert fresh_sim.billed() == 1
 
 
-def test_a_duplicate_in_progress_waits_and_gets_the_same_result(gateway: Process, fresh_sim: Sim) -> None:
+def test_a_duplicate_in_progress_waits_and_gets_the_same_result(
+    gateway: Process, fresh_sim: Sim
+) -> None:
     slow = {"X-Sim-Delay-Ms": "800"}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(chat, gateway.url, "order-3", headers=slow)
@@ -66,7 +72,10 @@ def test_past_the_wait_timeout_a_duplicate_gets_409_with_retry_after(
         first = pool.submit(chat, gateway.url, "order-4", headers={"X-Sim-Delay-Ms": "2000"})
         # Wait until the first request holds the key, then send the duplicate.
         for _ in range(100):
-            if httpx.get(gateway.url + "/_payonce/requests/order-4", headers=AUTH).status_code == 200:
+            if (
+                httpx.get(gateway.url + "/_payonce/requests/order-4", headers=AUTH).status_code
+                == 200
+            ):
                 break
         duplicate = chat(gateway.url, "order-4")
         assert_problem(duplicate, 409, "true")
@@ -76,7 +85,9 @@ def test_past_the_wait_timeout_a_duplicate_gets_409_with_retry_after(
     assert fresh_sim.billed() == 1
 
 
-def test_same_key_with_another_body_is_422_and_leaves_the_original(gateway: Process, fresh_sim: Sim) -> None:
+def test_same_key_with_another_body_is_422_and_leaves_the_original(
+    gateway: Process, fresh_sim: Sim
+) -> None:
     original = chat(gateway.url, "order-5")
     other = chat(gateway.url, "order-5", body={**CHAT, "max_tokens": 17})
     assert_problem(other, 422, "false")
@@ -97,7 +108,9 @@ def test_same_key_with_another_body_is_422_and_leaves_the_original(gateway: Proc
         "tab\tinside",
     ],
 )
-def test_malformed_keys_are_400_and_run_nothing(gateway: Process, fresh_sim: Sim, bad_key: str) -> None:
+def test_malformed_keys_are_400_and_run_nothing(
+    gateway: Process, fresh_sim: Sim, bad_key: str
+) -> None:
     response = chat(gateway.url, bad_key)
     assert_problem(response, 400, "false")
     assert fresh_sim.requests() == 0
@@ -154,7 +167,9 @@ def test_upstream_transient_failures_are_returned_and_released(
 
 
 @pytest.mark.parametrize("status", ["400", "401", "404", "422"])
-def test_other_upstream_errors_are_stored_and_replayed(gateway: Process, fresh_sim: Sim, status: str) -> None:
+def test_other_upstream_errors_are_stored_and_replayed(
+    gateway: Process, fresh_sim: Sim, status: str
+) -> None:
     failed = chat(gateway.url, f"order-9-{status}", headers={"X-Sim-Fail": status})
     assert failed.status_code == int(status)
     replay = chat(gateway.url, f"order-9-{status}")

@@ -14,7 +14,9 @@ from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
 from tests.support.processes import free_port
 
 
-def test_completed_keys_replay_after_a_restart(start_gateway: GatewayFactory, fresh_sim: Sim) -> None:
+def test_completed_keys_replay_after_a_restart(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
     port = free_port()
     first_run = start_gateway(port=port)
     original = chat(first_run.url, "restart-1")
@@ -39,7 +41,9 @@ def test_a_keyed_client_that_leaves_still_gets_its_result_on_retry(gateway, fres
 
 
 @pytest.mark.parametrize(("mode", "connected"), [("cancel", False), ("continue", True)])
-def test_unkeyed_disconnect_policy(start_gateway: GatewayFactory, fresh_sim: Sim, mode: str, connected: bool) -> None:
+def test_unkeyed_disconnect_policy(
+    start_gateway: GatewayFactory, fresh_sim: Sim, mode: str, connected: bool
+) -> None:
     gateway = start_gateway("--on-disconnect", mode)
     with pytest.raises(httpx.ReadTimeout):
         chat(gateway.url, headers={"X-Sim-Delay-Ms": "700"}, timeout=0.2)

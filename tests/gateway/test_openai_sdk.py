@@ -21,7 +21,7 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 def sdk_client(base_url: str) -> openai.OpenAI:
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", timeout=0.5)
     assert client.max_retries == 2, "the test relies on the SDK's default of three attempts"
-    client._idempotency_header = "Idempotency-Key"  # noqa: SLF001 - the documented switch
+    client._idempotency_header = "Idempotency-Key"
     return client
 
 
@@ -52,7 +52,9 @@ def test_three_timed_out_attempts_bill_once_and_the_next_call_gets_the_stored_an
     assert fresh_sim.billed() == 1
 
 
-def test_the_sdks_last_retry_receives_the_stored_completion(gateway: Process, fresh_sim: Sim) -> None:
+def test_the_sdks_last_retry_receives_the_stored_completion(
+    gateway: Process, fresh_sim: Sim
+) -> None:
     client = sdk_client(gateway.url)
     raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini",

@@ -18,13 +18,17 @@ async def _burst(url: str, n: int, key: str) -> list[tuple[int, bytes, str]]:
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one() -> tuple[int, bytes, str]:
-            async with session.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as resp:
+            async with session.post(
+                url + "/v1/chat/completions", json=CHAT, headers=headers
+            ) as resp:
                 return resp.status, await resp.read(), resp.headers["idempotent-replayed"]
 
         return await asyncio.gather(*(one() for _ in range(n)))
 
 
-def test_200_concurrent_requests_with_one_key_make_one_upstream_call(gateway: Process, fresh_sim: Sim) -> None:
+def test_200_concurrent_requests_with_one_key_make_one_upstream_call(
+    gateway: Process, fresh_sim: Sim
+) -> None:
     results = asyncio.run(_burst(gateway.url, 200, "burst-1"))
     assert {status for status, _, _ in results} == {200}
     assert len({body for _, body, _ in results}) == 1, "200 identical bodies"
@@ -67,12 +71,16 @@ def test_the_same_secret_in_either_header_is_one_tenant(gateway: Process, fresh_
     assert second.headers["idempotent-replayed"] == "true" and second.content == first.content
 
 
-def test_a_configured_tenant_header_scopes_records(start_gateway: GatewayFactory, fresh_sim: Sim) -> None:
+def test_a_configured_tenant_header_scopes_records(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
     gateway = start_gateway("--tenant-header", "X-Team")
     chat(gateway.url, "k-team", headers={"X-Team": "search"})
     other_team = chat(gateway.url, "k-team", headers={"X-Team": "ads"})
     assert other_team.headers["idempotent-replayed"] == "false"
-    same_team = chat(gateway.url, "k-team", headers={"X-Team": "search", "Authorization": "Bearer x"})
+    same_team = chat(
+        gateway.url, "k-team", headers={"X-Team": "search", "Authorization": "Bearer x"}
+    )
     assert same_team.headers["idempotent-replayed"] == "true"
 
 

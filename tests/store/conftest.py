@@ -22,7 +22,9 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> AsyncIterator[Store]:
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Store]:
     backend = BACKENDS[request.param](tmp_path, clock)
     yield backend
     await backend.close()

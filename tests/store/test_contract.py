@@ -8,7 +8,9 @@ from payonce.clock import ManualClock
 from payonce.store import ClaimStatus, RecordState, Store, StoredResponse
 
 LEASE, TTL = 30.0, 3600.0
-RESPONSE = StoredResponse(200, (("content-type", "application/json"), ("x-request-id", "r1")), b'{"ok":1}')
+RESPONSE = StoredResponse(
+    200, (("content-type", "application/json"), ("x-request-id", "r1")), b'{"ok":1}'
+)
 
 
 async def claim(store: Store, key: str = "k", fp: str = "fp") -> tuple[ClaimStatus, str]:
@@ -26,7 +28,9 @@ async def test_first_claim_acquires_and_second_sees_in_progress(store: Store) ->
 
 async def test_complete_then_replays_are_counted(store: Store) -> None:
     _, token = await claim(store)
-    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL, usage={"input_tokens": 3}, cost_usd=0.5)
+    assert await store.complete(
+        "t", "k", token, RESPONSE, ttl=TTL, usage={"input_tokens": 3}, cost_usd=0.5
+    )
     for expected in (1, 2):
         result = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
         assert result.status is ClaimStatus.COMPLETED
@@ -161,7 +165,9 @@ async def test_wait_does_not_sleep_past_a_lapsed_lease(store: Store, clock: Manu
 
 
 async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
-    results = await asyncio.gather(*(store.claim("t", "k", "fp", lease=LEASE, ttl=TTL) for _ in range(50)))
+    results = await asyncio.gather(
+        *(store.claim("t", "k", "fp", lease=LEASE, ttl=TTL) for _ in range(50))
+    )
     assert sum(r.status is ClaimStatus.ACQUIRED for r in results) == 1
 
 

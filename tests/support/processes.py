@@ -52,7 +52,7 @@ def _wait_ready(proc: Process, ready_path: str, timeout: float) -> None:
         if proc.popen.poll() is not None:
             raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
         try:
-            with urllib.request.urlopen(proc.url + ready_path, timeout=1) as resp:  # noqa: S310
+            with urllib.request.urlopen(proc.url + ready_path, timeout=1) as resp:
                 if resp.status < 500:
                     return
         except urllib.error.HTTPError as exc:
@@ -66,7 +66,12 @@ def _wait_ready(proc: Process, ready_path: str, timeout: float) -> None:
 
 
 def start_payonce(
-    args: list[str], *, log_dir: Path, ready_path: str, port: int | None = None, timeout: float = 20.0
+    args: list[str],
+    *,
+    log_dir: Path,
+    ready_path: str,
+    port: int | None = None,
+    timeout: float = 20.0,
 ) -> Process:
     """Run ``python -m payonce <args> --port <free port>`` and wait until it answers."""
     port = port or free_port()

@@ -1,0 +1,84 @@
+"""Key parsing, tenant hashing and fingerprints, as pure functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from payonce.errors import InvalidIdempotencyKey
+from payonce.gateway.keys import fingerprint, parse_key, read_key, tenant_of
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b"abc", "abc"),
+        (b"  padded  ", "padded"),
+        (b'"quoted value"', "quoted value"),
+        (b'"with \\"escapes\\" and \\\\"', 'with "escapes" and \\'),
+        (
+            b"stainless-python-retry-6f1c9f0e-1d1b-4a3c-9a3b-0b7f0e7b2c11",
+            "stainless-python-retry-6f1c9f0e-1d1b-4a3c-9a3b-0b7f0e7b2c11",
+        ),
+        (b"x" * 255, "x" * 255),
+    ],
+)
+def test_valid_keys(raw: bytes, key: str) -> None:
+    assert parse_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"   ", b"x" * 256, b"a b", b"caf\xc3\xa9", b'"open', b'"a"b', b'"\\n"', b'""', b"\x01"],
+)
+def test_invalid_keys(raw: bytes) -> None:
+    with pytest.raises(InvalidIdempotencyKey):
+        parse_key(raw)
+
+
+def test_read_key_accepts_agreeing_duplicates_and_refuses_disagreeing_ones() -> None:
+    names = (b"idempotency-key", b"x-idempotency-key")
+    assert read_key([(b"idempotency-key", b"a"), (b"x-idempotency-key", b'"a"')], names) == "a"
+    assert read_key([(b"other", b"a")], names) is None
+    with pytest.raises(InvalidIdempotencyKey):
+        read_key([(b"idempotency-key", b"a"), (b"idempotency-key", b"b")], names)
+
+
+def test_tenant_is_a_hash_and_ignores_the_bearer_prefix() -> None:
+    bearer = tenant_of([(b"authorization", b"Bearer sk-1")])
+    assert bearer == tenant_of([(b"x-api-key", b"sk-1")]) == tenant_of([(b"api-key", b"sk-1")])
+    assert "sk-1" not in bearer and len(bearer) == 32
+    assert bearer != tenant_of([(b"authorization", b"Bearer sk-2")])
+    assert tenant_of([]) == "anonymous"
+    assert tenant_of([(b"x-team", b"a")], b"x-team") != tenant_of([(b"x-team", b"b")], b"x-team")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=6))
+def test_fingerprint_ignores_key_order_and_whitespace(document: dict[str, object]) -> None:
+    compact = json.dumps(document, separators=(",", ":")).encode()
+    reordered = json.dumps(dict(reversed(list(document.items()))), indent=2).encode()
+    assert fingerprint("POST", "/v1/x", compact, b"application/json") == fingerprint(
+        "POST", "/v1/x", reordered, b"application/json"
+    )
+
+
+def test_fingerprint_keeps_array_order_method_path_and_raw_bodies_apart() -> None:
+    base = fingerprint("POST", "/v1/x", b'{"a":[1,2]}', b"application/json")
+    assert base != fingerprint("POST", "/v1/x", b'{"a":[2,1]}', b"application/json")
+    assert base != fingerprint("PUT", "/v1/x", b'{"a":[1,2]}', b"application/json")
+    assert base != fingerprint("POST", "/v1/y", b'{"a":[1,2]}', b"application/json")
+    assert fingerprint("POST", "/u", b"not json {", None) != fingerprint(
+        "POST", "/u", b"not json  {", None
+    )

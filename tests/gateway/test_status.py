@@ -1,0 +1,91 @@
+"""The gateway's own endpoints: health, request status with long-poll, stored response."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from datetime import datetime
+
+import httpx2 as httpx
+
+from tests.gateway.conftest import AUTH, Sim, chat
+from tests.support.processes import Process
+
+
+def test_health(gateway: Process) -> None:
+    response = httpx.get(gateway.url + "/_payonce/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "store": "ok"}
+
+
+def test_status_document_of_a_completed_request(gateway: Process, fresh_sim: Sim) -> None:
+    chat(gateway.url, "status-1")
+    chat(gateway.url, "status-1")
+    doc = httpx.get(gateway.url + "/_payonce/requests/status-1", headers=AUTH).json()
+    assert set(doc) == {
+        "key",
+        "state",
+        "status_code",
+        "created_at",
+        "completed_at",
+        "replays",
+        "usage",
+        "cost_usd",
+    }
+    assert doc["key"] == "status-1"
+    assert doc["state"] == "completed"
+    assert doc["status_code"] == 200
+    assert doc["replays"] == 1
+    entry = fresh_sim.ledger()["entries"][0]
+    assert doc["usage"]["input_tokens"] == entry["input_tokens"]
+    assert doc["usage"]["output_tokens"] == entry["output_tokens"]
+    created = datetime.fromisoformat(doc["created_at"])
+    completed = datetime.fromisoformat(doc["completed_at"])
+    assert created <= completed
+
+
+def test_long_poll_returns_when_the_request_completes(gateway: Process, fresh_sim: Sim) -> None:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(chat, gateway.url, "status-2", headers={"X-Sim-Delay-Ms": "800"})
+        time.sleep(0.2)
+        running = httpx.get(gateway.url + "/_payonce/requests/status-2", headers=AUTH).json()
+        assert running["state"] == "in_progress" and running["status_code"] is None
+        not_yet = httpx.get(gateway.url + "/_payonce/requests/status-2/response", headers=AUTH)
+        assert not_yet.status_code == 409 and not_yet.headers["retry-after"]
+        started = time.monotonic()
+        done = httpx.get(
+            gateway.url + "/_payonce/requests/status-2?wait=10", headers=AUTH, timeout=15
+        )
+        assert time.monotonic() - started < 5
+        assert done.json()["state"] == "completed"
+        original = pending.result()
+    stored = httpx.get(gateway.url + "/_payonce/requests/status-2/response", headers=AUTH)
+    assert stored.status_code == 200
+    assert stored.content == original.content
+    assert stored.headers["idempotent-replayed"] == "true"
+    assert stored.headers["x-request-id"] == original.headers["x-request-id"]
+
+
+def test_unknown_and_released_keys_are_404(gateway: Process, fresh_sim: Sim) -> None:
+    assert httpx.get(gateway.url + "/_payonce/requests/never-sent", headers=AUTH).status_code == 404
+    chat(gateway.url, "status-3", headers={"X-Sim-Fail": "503"})
+    released = httpx.get(gateway.url + "/_payonce/requests/status-3", headers=AUTH)
+    assert released.status_code == 404
+    assert released.headers["content-type"] == "application/problem+json"
+
+
+def test_keys_with_reserved_characters_round_trip_through_the_path(
+    gateway: Process, fresh_sim: Sim
+) -> None:
+    key = "order/42?x=1 #a"
+    chat(gateway.url, f'"{key}"')
+    path_key = "order%2F42%3Fx%3D1%20%23a"
+    doc = httpx.get(f"{gateway.url}/_payonce/requests/{path_key}", headers=AUTH).json()
+    assert doc["key"] == key
+
+
+def test_bad_wait_values_are_400(gateway: Process) -> None:
+    for bad in ("abc", "-1", "301", "nan"):
+        response = httpx.get(gateway.url + f"/_payonce/requests/x?wait={bad}", headers=AUTH)
+        assert response.status_code == 400, bad
+        assert response.headers["content-type"] == "application/problem+json"

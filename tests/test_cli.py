@@ -1,0 +1,134 @@
+"""The serve command's configuration: flags, PAYONCE_* variables, TOML files, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from tests.support.processes import running
+
+
+def payonce(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "payonce", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--ttl", "abc"], "--ttl"),
+        (["serve", "--ttl", "1s"], "--ttl"),
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--max-body", "-3"], "--max-body"),
+        (["serve", "--on-disconnect", "maybe"], "--on-disconnect"),
+        (["serve", "--upstream", "ftp://x"], "--upstream"),
+        (["serve", "--upstream", "http://"], "--upstream"),
+        (["serve", "--store", "redis://localhost"], "--store"),
+        (["serve", "--store", "sqlite:///no/such/dir/p.db"], "--store"),
+        (["serve", "--store", "sqlite:///./p.db?timeout=x"], "--store"),
+        (["serve", "--tenant-header", "bad header"], "--tenant-header"),
+        (["serve", "--config", "/no/such/file.toml"], "--config"),
+        (["serve", "--bogus"], "--bogus"),
+    ],
+)
+def test_bad_configuration_is_one_line_and_exit_code_2(
+    args: list[str], needle: str, tmp_path: Path
+) -> None:
+    result = payonce(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("payonce: error:") and needle in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_environment_variable_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    result = payonce("serve", env={"PAYONCE_WAIT_TIMEOUT": "soon"}, cwd=tmp_path)
+    assert result.returncode == 2 and "--wait-timeout" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("require_key = maybe", "not valid TOML"),
+        ("colour = 'blue'", "unknown setting"),
+        ("ttl = 'x'", "--ttl"),
+    ],
+)
+def test_bad_config_files(tmp_path: Path, content: str, needle: str) -> None:
+    config = tmp_path / "payonce.toml"
+    config.write_text(content)
+    result = payonce("serve", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 2 and needle in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _requires_key(url: str) -> bool:
+    response = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []})
+    return response.status_code == 400 and "required" in response.json()["title"]
+
+
+def test_settings_come_from_toml_then_env_then_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "payonce.toml"
+    config.write_text(
+        '[serve]\nrequire-key = true\nupstream = "http://127.0.0.1:9"\nstore = "memory://"\n'
+    )
+    with running(
+        ["serve", "--config", str(config)], log_dir=tmp_path, ready_path="/_payonce/health"
+    ) as gw:
+        assert _requires_key(gw.url)
+    monkeypatch.setenv("PAYONCE_REQUIRE_KEY", "false")  # children inherit the environment
+    with running(
+        ["serve", "--config", str(config)], log_dir=tmp_path, ready_path="/_payonce/health"
+    ) as gw:
+        assert not _requires_key(gw.url)
+    with running(
+        ["serve", "--config", str(config), "--require-key"],
+        log_dir=tmp_path,
+        ready_path="/_payonce/health",
+    ) as gw:
+        assert _requires_key(gw.url)
+
+
+def test_unreachable_upstream_is_a_502_problem_after_connect_retries(tmp_path: Path) -> None:
+    args = [
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        "memory://",
+        "--connect-retries",
+        "1",
+    ]
+    with running(args, log_dir=tmp_path, ready_path="/_payonce/health") as gw:
+        response = httpx.post(
+            gw.url + "/v1/chat/completions", json={"model": "m"}, headers={"Idempotency-Key": "k"}
+        )
+        assert response.status_code == 502
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.headers["x-should-retry"] == "true"
+        assert "cannot connect" in response.json()["detail"]
+        status = httpx.get(gw.url + "/_payonce/requests/k")
+        assert status.status_code == 404, "the key was released: a retry runs again"
+
+
+def test_version_and_help() -> None:
+    assert payonce("--version").stdout.startswith("payonce, version")
+    help_text = payonce("serve", "--help").stdout
+    assert "--upstream" in help_text and "PAYONCE_" in help_text
