@@ -7,6 +7,7 @@ import time
 from datetime import datetime
 
 import httpx2 as httpx
+import pytest
 
 from tests.gateway.conftest import AUTH, Sim, chat
 from tests.support.processes import Process
@@ -39,6 +40,7 @@ def test_status_document_of_a_completed_request(gateway: Process, fresh_sim: Sim
     entry = fresh_sim.ledger()["entries"][0]
     assert doc["usage"]["input_tokens"] == entry["input_tokens"]
     assert doc["usage"]["output_tokens"] == entry["output_tokens"]
+    assert doc["cost_usd"] == pytest.approx(entry["cost_usd"]), "the sim bills list prices"
     created = datetime.fromisoformat(doc["created_at"])
     completed = datetime.fromisoformat(doc["completed_at"])
     assert created <= completed

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.upstream import Upstream, UpstreamResponse
-from payonce.observe.usage import extract_usage
+from payonce.observe.pricing import cost_of
+from payonce.observe.usage import model_and_usage
 from payonce.store import Store, StoredResponse
 
 __all__ = ["Execution", "Outcome", "is_stored_status", "run_execution"]
@@ -106,7 +107,7 @@ async def _settle(store: Store, execution: Execution, outcome: Outcome, ttl: flo
         await _release_quietly(store, execution)
         return
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
-    usage = extract_usage(outcome.body, outcome.headers)
+    model, usage = model_and_usage(outcome.body, outcome.headers)
     try:
         stored = await store.complete(
             execution.tenant,
@@ -115,6 +116,7 @@ async def _settle(store: Store, execution: Execution, outcome: Outcome, ttl: flo
             response,
             ttl=ttl,
             usage=usage,
+            cost_usd=cost_of(model, usage),
             replays=execution.joined,
         )
     except StoreUnavailable as exc:

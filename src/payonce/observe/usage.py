@@ -6,7 +6,7 @@ import json
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["extract_usage"]
+__all__ = ["extract_usage", "model_and_usage"]
 
 
 def _decoded(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes | None:
@@ -23,21 +23,37 @@ def _decoded(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes | None:
 
 
 def extract_usage(body: bytes, headers: Iterable[tuple[str, str]]) -> dict[str, int] | None:
-    """``{"input_tokens", "output_tokens", ...}`` from a JSON response, or ``None``.
+    """``{"input_tokens", "output_tokens", ...}`` from a JSON response, or ``None``."""
+    return model_and_usage(body, headers)[1]
+
+
+def model_and_usage(
+    body: bytes, headers: Iterable[tuple[str, str]]
+) -> tuple[str | None, dict[str, int] | None]:
+    """The ``model`` and normalised usage of a JSON response.
 
     OpenAI reports ``prompt_tokens``/``completion_tokens``; Anthropic reports
     ``input_tokens``/``output_tokens``; both are mapped to the latter names.
-    Cached and reasoning token counts are kept when present.
+    ``input_tokens`` always counts every input token: Anthropic reports cache
+    reads apart, so they are added in; ``cached_input_tokens`` says how many
+    of them were cache hits. Reasoning token counts are kept when present.
     """
     headers = tuple(headers)
     raw = _decoded(body, headers)
     if not raw or raw[:1] != b"{":
-        return None
+        return None, None
     try:
         document = json.loads(raw)
     except ValueError:
-        return None
-    usage = document.get("usage") if isinstance(document, dict) else None
+        return None, None
+    if not isinstance(document, dict):
+        return None, None
+    model = document.get("model")
+    model = model if isinstance(model, str) else None
+    return model, _usage(document.get("usage"))
+
+
+def _usage(usage: object) -> dict[str, int] | None:
     if not isinstance(usage, dict):
         return None
     result: dict[str, int] = {}
@@ -59,5 +75,10 @@ def extract_usage(body: bytes, headers: Iterable[tuple[str, str]]) -> dict[str, 
         result["reasoning_tokens"] = details["reasoning_tokens"]
     if "input_tokens" not in result and "output_tokens" not in result:
         return None
+    if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+        for extra in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            value = usage.get(extra)
+            if isinstance(value, int):
+                result["input_tokens"] = result.get("input_tokens", 0) + value
     result.setdefault("output_tokens", 0)  # embeddings report input tokens only
     return result

@@ -1,0 +1,69 @@
+"""What a call cost: list prices per million tokens, matched by model name.
+
+Each entry notes where and when its price was read. Unknown models have no
+price (``None``), never zero: a cost that silently reads as free hides spend.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["PRICES", "ModelPrice", "cost_of", "price_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """USD per million tokens."""
+
+    input: float
+    cached_input: float
+    output: float
+    source: str
+    as_of: str
+
+
+_OPENAI = "https://openai.com/api/pricing"
+_ANTHROPIC = "https://www.anthropic.com/pricing#api"
+
+PRICES: dict[str, ModelPrice] = {
+    "gpt-4o": ModelPrice(2.50, 1.25, 10.00, _OPENAI, "2025-06"),
+    "gpt-4o-mini": ModelPrice(0.15, 0.075, 0.60, _OPENAI, "2025-06"),
+    "gpt-4.1": ModelPrice(2.00, 0.50, 8.00, _OPENAI, "2025-06"),
+    "gpt-4.1-mini": ModelPrice(0.40, 0.10, 1.60, _OPENAI, "2025-06"),
+    "gpt-4.1-nano": ModelPrice(0.10, 0.025, 0.40, _OPENAI, "2025-06"),
+    "o3": ModelPrice(2.00, 0.50, 8.00, _OPENAI, "2025-06"),
+    "o4-mini": ModelPrice(1.10, 0.275, 4.40, _OPENAI, "2025-06"),
+    "gpt-3.5-turbo-instruct": ModelPrice(1.50, 1.50, 2.00, _OPENAI, "2025-06"),
+    "text-embedding-3-small": ModelPrice(0.02, 0.02, 0.0, _OPENAI, "2025-06"),
+    "text-embedding-3-large": ModelPrice(0.13, 0.13, 0.0, _OPENAI, "2025-06"),
+    "claude-3-5-haiku": ModelPrice(0.80, 0.08, 4.00, _ANTHROPIC, "2025-06"),
+    "claude-sonnet-4": ModelPrice(3.00, 0.30, 15.00, _ANTHROPIC, "2025-06"),
+    "claude-opus-4": ModelPrice(15.00, 1.50, 75.00, _ANTHROPIC, "2025-06"),
+}
+_LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def price_of(model: str) -> ModelPrice | None:
+    """Exact name first, then the longest entry the name starts with (dated snapshots)."""
+    if model in PRICES:
+        return PRICES[model]
+    return next((PRICES[name] for name in _LONGEST_FIRST if model.startswith(name)), None)
+
+
+def cost_of(model: str | None, usage: Mapping[str, int] | None) -> float | None:
+    """USD for one call, or ``None`` when the model or its usage is unknown."""
+    if model is None or usage is None:
+        return None
+    price = price_of(model)
+    if price is None:
+        return None
+    cached = usage.get("cached_input_tokens", 0)
+    fresh = max(0, usage.get("input_tokens", 0) - cached)
+    return (
+        fresh * price.input
+        + cached * price.cached_input
+        + usage.get("output_tokens", 0) * price.output
+    ) / 1_000_000
