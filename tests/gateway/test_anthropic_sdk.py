@@ -1,0 +1,40 @@
+"""The official anthropic SDK through the gateway: its retries become replays."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import pytest
+
+from tests.gateway.conftest import Sim
+from tests.support.processes import Process
+
+
+def test_anthropic_retries_bill_once(gateway: Process, fresh_sim: Sim) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, api_key="sk-ant-test", timeout=0.5)
+    client._idempotency_header = "Idempotency-Key"
+    raw = client.messages.with_raw_response.create(
+        model="claude-sonnet-4-20250514",
+        max_tokens=32,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        extra_headers={"X-Sim-Delay-Ms": "1500"},
+    )
+    message = raw.parse()
+    assert raw.headers["idempotent-replayed"] == "true"
+    assert message.content[0].text
+    assert message.usage.output_tokens > 0
+    assert fresh_sim.billed() == 1
+
+
+def test_anthropic_without_the_gateway_bills_every_attempt(fresh_sim: Sim) -> None:
+    client = anthropic.Anthropic(base_url=fresh_sim.url, api_key="sk-ant-test", timeout=0.5)
+    with pytest.raises(anthropic.APITimeoutError):
+        client.messages.create(
+            model="claude-sonnet-4-20250514",
+            max_tokens=32,
+            messages=[{"role": "user", "content": "Name a colour."}],
+            extra_headers={"X-Sim-Delay-Ms": "1500"},
+        )
+    time.sleep(2)
+    assert fresh_sim.billed() == 3
