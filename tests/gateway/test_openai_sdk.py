@@ -45,10 +45,16 @@ def test_three_timed_out_attempts_bill_once_and_the_next_call_gets_the_stored_an
     ledger = fresh_sim.ledger()
     assert ledger["billed"] == 1
     assert ledger["requests"] == 1, "the SDK's retries joined the first call"
-    started = time.monotonic()
-    completion = create(client, 4000, key)  # would time out if it reached the upstream
-    assert time.monotonic() - started < 0.5
-    assert completion.choices[0].message.content
+    # Reaching the upstream again would time out (4 s delay, 0.5 s timeout):
+    # only a stored answer can come back.
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=MESSAGES,
+        max_tokens=20,
+        extra_headers={"X-Sim-Delay-Ms": "4000", "Idempotency-Key": key},
+    )
+    assert raw.headers["idempotent-replayed"] == "true"
+    assert raw.parse().choices[0].message.content
     assert fresh_sim.billed() == 1
 
 
