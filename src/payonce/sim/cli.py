@@ -1,11 +1,85 @@
-"""``payonce sim``: placeholder, being written."""
+"""``payonce sim``: run the simulated LLM provider.
+
+Every flag is taken as text and parsed by :meth:`SimConfig.from_flags`, so a bad
+value of any flag ends the same way: one ``Error: --flag: ...`` line, exit code 2.
+"""
 
 from __future__ import annotations
 
 import click
 
+from payonce.errors import ConfigError
+from payonce.sim.config import DEFAULT_HOST, DEFAULT_LATENCY, DEFAULT_PORT, SimConfig
 
-@click.command()
-def sim_command() -> None:
-    """Run the simulated LLM provider."""
-    raise click.ClickException("not written yet")
+__all__ = ["sim_command"]
+
+
+class _ConfigExit(click.ClickException):
+    """A :class:`ConfigError` as click shows it: ``Error: <message>`` and exit code 2."""
+
+    exit_code = ConfigError.exit_code
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", default=str(DEFAULT_PORT), show_default=True, metavar="PORT", help="Port.")
+@click.option(
+    "--latency",
+    default=DEFAULT_LATENCY,
+    show_default=True,
+    metavar="MODEL",
+    help="Generation time: fixed:<duration> or lognormal:p50=<duration>,p99=<duration>; "
+    "durations like 0, 250ms, 2s.",
+)
+@click.option(
+    "--fail",
+    default="none",
+    show_default=True,
+    metavar="STATUS:RATE,...",
+    help="Random failures before any work, not billed, e.g. 500:0.05,429:0.02,503:0.01.",
+)
+@click.option(
+    "--drop-after-compute",
+    default="0",
+    show_default=True,
+    metavar="RATE",
+    help="Fraction of generations billed and then dropped without a response.",
+)
+@click.option("--seed", default=None, metavar="N", help="Seed for repeatable runs.")
+@click.option(
+    "--ledger",
+    default=None,
+    metavar="FILE",
+    help="Also append every billed generation to this CSV file (a billing export).",
+)
+def sim_command(
+    host: str,
+    port: str,
+    latency: str,
+    fail: str,
+    drop_after_compute: str,
+    seed: str | None,
+    ledger: str | None,
+) -> None:
+    """Run a simulated LLM provider (OpenAI and Anthropic APIs) that bills like a real one.
+
+    Every generation that finishes is billed, even when the client has gone; read the
+    bill at GET /_sim/ledger. Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop.
+    """
+    try:
+        config = SimConfig.from_flags(
+            host=host,
+            port=port,
+            latency=latency,
+            fail=fail,
+            drop_after_compute=drop_after_compute,
+            seed=seed,
+            ledger=ledger,
+        )
+        # Imported here so that `payonce --help` and other commands do not pay for
+        # importing aiohttp.
+        from payonce.sim.server import run
+
+        run(config)
+    except ConfigError as exc:
+        raise _ConfigExit(str(exc)) from exc

@@ -1,0 +1,137 @@
+"""The simulated provider as an ``aiohttp.web.Application``: routes and the ledger's lifecycle.
+
+========================== ===========================================================
+route                      answer
+========================== ===========================================================
+POST /v1/chat/completions  OpenAI chat completion
+POST /v1/completions       OpenAI legacy text completion
+POST /v1/embeddings        OpenAI embeddings
+POST /v1/messages          Anthropic message
+GET  /v1/models            the priced models (Anthropic's list shape when the request
+                           has an ``anthropic-version`` header)
+GET  /_sim/health          ``{"status": "ok"}``
+GET  /_sim/ledger          ``{"billed", "cost_usd", "requests", "entries"}``;
+                           ``?entries=0`` leaves the entries out
+DELETE /_sim/ledger        reset the in-memory ledger (the CSV export keeps its rows)
+anything else              404 in the provider's JSON error shape
+========================== ===========================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from payonce.clock import Clock, SystemClock
+from payonce.sim.bodies import model_list
+from payonce.sim.config import SimConfig
+from payonce.sim.ledger import CsvExport, Ledger
+from payonce.sim.provider import ENDPOINTS, Endpoint, Simulator
+from payonce.sim.provider_errors import Api, error_body
+
+__all__ = ["CSV_FLUSH_SECONDS", "LEDGER", "SIMULATOR", "build_app"]
+
+LEDGER = web.AppKey("payonce.sim.ledger", Ledger)
+SIMULATOR = web.AppKey("payonce.sim.simulator", Simulator)
+
+# How often buffered CSV rows reach the file, so `tail -f` shows them without a
+# flush per request on the benchmark path.
+CSV_FLUSH_SECONDS = 1.0
+# Prompts with images or long documents are larger than aiohttp's 1 MiB default.
+_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(config: SimConfig, *, clock: Clock | None = None) -> web.Application:
+    """The simulated provider for ``config``. ``clock`` stamps ``created`` and ``finished_at``.
+
+    The CSV export (``config.ledger_path``) is opened when the application starts and
+    closed, flushed, when it shuts down.
+    """
+    app = web.Application(client_max_size=_MAX_BODY_BYTES)
+    ledger = Ledger()
+    simulator = Simulator(config, clock or SystemClock(), ledger)
+    app[LEDGER] = ledger
+    app[SIMULATOR] = simulator
+
+    for endpoint in ENDPOINTS:
+        app.router.add_post(endpoint.path, _generation_handler(simulator, endpoint))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/_sim/health", _health)
+    app.router.add_get("/_sim/ledger", _read_ledger)
+    app.router.add_delete("/_sim/ledger", _reset_ledger)
+    # Last, so it only catches what nothing above matched (also a wrong method).
+    app.router.add_route("*", "/{tail:.*}", _not_found)
+
+    if config.ledger_path is not None:
+        app.cleanup_ctx.append(_csv_export(config.ledger_path))
+    return app
+
+
+def _generation_handler(simulator: Simulator, endpoint: Endpoint) -> _Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await simulator.generate(request, endpoint)
+
+    return handle
+
+
+async def _models(request: web.Request) -> web.Response:
+    anthropic = "anthropic-version" in request.headers
+    return web.Response(body=model_list(anthropic), content_type="application/json")
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _read_ledger(request: web.Request) -> web.Response:
+    ledger = request.app[LEDGER]
+    if ledger.export is not None:
+        # Whoever reads the ledger over HTTP may read the CSV next; make them agree.
+        ledger.export.flush()
+    with_entries = request.query.get("entries", "1").lower() not in ("0", "false", "no")
+    return web.json_response(ledger.summary(with_entries=with_entries))
+
+
+async def _reset_ledger(request: web.Request) -> web.Response:
+    ledger = request.app[LEDGER]
+    ledger.reset()
+    return web.json_response(ledger.summary())
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    api = Api.ANTHROPIC if request.path.startswith("/v1/messages") else Api.OPENAI
+    # OpenAI's own wording for an unknown route.
+    message = f"Invalid URL ({request.method} {request.path})"
+    return web.Response(
+        body=error_body(api, 404, message), status=404, content_type="application/json"
+    )
+
+
+def _csv_export(path: Path) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        ledger = app[LEDGER]
+        export = CsvExport(path)
+        ledger.export = export
+        flusher = asyncio.create_task(_flush_every(export, CSV_FLUSH_SECONDS))
+        try:
+            yield
+        finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            ledger.export = None
+            export.close()
+
+    return lifecycle
+
+
+async def _flush_every(export: CsvExport, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        export.flush()

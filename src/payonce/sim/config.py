@@ -1,0 +1,191 @@
+"""The simulated provider's settings and the parsers for its flags.
+
+Every parser raises :class:`~payonce.errors.ConfigError` with a one-line message
+that names the flag (``--latency: ...``), which the CLI prints and exits 2 with.
+
+Durations are a number and a unit, ``ms`` or ``s`` (``250ms``, ``2s``, ``1.5s``);
+a bare ``0`` is also accepted. A bare non-zero number is refused: it is the classic
+milliseconds-or-seconds mistake, and guessing would make a run silently wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from payonce.errors import ConfigError
+from payonce.sim.faults import FaultPlan
+from payonce.sim.latency import FixedLatency, LatencyModel, LogNormalLatency
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_LATENCY",
+    "DEFAULT_PORT",
+    "SimConfig",
+    "parse_duration",
+    "parse_failures",
+    "parse_latency",
+    "parse_port",
+    "parse_rate",
+    "parse_seed",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8100
+# The demo default: a median of 1 s with a heavy tail to 10 s at p99. Three times
+# faster than a typical hosted model so a demo does not drag, yet about 5% of calls
+# outlast a 5 s read timeout, enough to see a timed-out call billed anyway.
+DEFAULT_LATENCY = "lognormal:p50=1s,p99=10s"
+
+_DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s)?")
+
+
+def parse_duration(text: str, *, flag: str) -> float:
+    """``250ms`` -> 0.25, ``2s`` -> 2.0, ``0`` -> 0.0 (seconds)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ConfigError(f"{flag}: {text!r} is not a duration (examples: 0, 250ms, 2s)")
+    value = float(match["number"])
+    unit = match["unit"]
+    if unit is None:
+        if value != 0:
+            raise ConfigError(f"{flag}: {text!r} needs a unit, ms or s (for example {text}ms)")
+        return 0.0
+    seconds = value / 1000 if unit == "ms" else value
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{flag}: {text!r} is too large")
+    return seconds
+
+
+def parse_latency(text: str, *, flag: str = "--latency") -> LatencyModel:
+    """``fixed:<duration>`` or ``lognormal:p50=<duration>,p99=<duration>``."""
+    kind, sep, rest = text.strip().partition(":")
+    if not sep:
+        raise ConfigError(f"{flag}: {text!r} must be fixed:<duration> or lognormal:p50=..,p99=..")
+    if kind == "fixed":
+        return FixedLatency(parse_duration(rest, flag=flag))
+    if kind == "lognormal":
+        params = _parse_params(rest, flag=flag, allowed=("p50", "p99"))
+        try:
+            return LogNormalLatency(params["p50"], params["p99"])
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {exc}") from exc
+    raise ConfigError(f"{flag}: unknown latency model {kind!r} (use fixed or lognormal)")
+
+
+def _parse_params(text: str, *, flag: str, allowed: tuple[str, ...]) -> dict[str, float]:
+    params: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or name not in allowed:
+            raise ConfigError(f"{flag}: expected {'=..,'.join(allowed)}=.., got {item.strip()!r}")
+        if name in params:
+            raise ConfigError(f"{flag}: {name} given twice")
+        params[name] = parse_duration(value, flag=f"{flag} {name}")
+    missing = [name for name in allowed if name not in params]
+    if missing:
+        raise ConfigError(f"{flag}: missing {', '.join(missing)}")
+    return params
+
+
+def parse_rate(text: str, *, flag: str) -> float:
+    """A probability between 0 and 1 (``0.05``)."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a number between 0 and 1") from None
+    if not 0.0 <= rate <= 1.0:  # also refuses nan
+        raise ConfigError(f"{flag}: {text!r} is not between 0 and 1")
+    return rate
+
+
+def parse_failures(text: str, *, flag: str = "--fail") -> FaultPlan:
+    """``500:0.05,429:0.02`` (status:rate pairs); ``none`` or empty for no failures."""
+    if text.strip().lower() in ("", "none"):
+        return FaultPlan()
+    pairs: list[tuple[int, float]] = []
+    for item in text.split(","):
+        status_text, sep, rate_text = item.strip().partition(":")
+        if not sep:
+            raise ConfigError(f"{flag}: expected status:rate such as 500:0.05, got {item!r}")
+        try:
+            status = int(status_text)
+        except ValueError:
+            raise ConfigError(f"{flag}: {status_text!r} is not an HTTP status") from None
+        pairs.append((status, parse_rate(rate_text, flag=f"{flag} {status}")))
+    try:
+        return FaultPlan(tuple(pairs))
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from exc
+
+
+def parse_port(text: str, *, flag: str = "--port") -> int:
+    """A TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{flag}: {port} is not between 1 and 65535")
+    return port
+
+
+def parse_seed(text: str, *, flag: str = "--seed") -> int:
+    """An integer seed for ``random.Random``."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not an integer") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything ``payonce sim`` is told, already parsed and checked.
+
+    ``seed=None`` seeds from the operating system (a different run each time).
+    ``ledger_path`` is the CSV billing export, appended to; ``None`` keeps the
+    ledger in memory only.
+    """
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    latency: LatencyModel = field(default_factory=lambda: parse_latency(DEFAULT_LATENCY))
+    failures: FaultPlan = field(default_factory=FaultPlan)
+    drop_after_compute: float = 0.0
+    seed: int | None = None
+    ledger_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.drop_after_compute <= 1.0:
+            raise ConfigError(
+                f"--drop-after-compute: {self.drop_after_compute} is not between 0 and 1"
+            )
+
+    @classmethod
+    def from_flags(
+        cls,
+        *,
+        host: str = DEFAULT_HOST,
+        port: str = str(DEFAULT_PORT),
+        latency: str = DEFAULT_LATENCY,
+        fail: str = "",
+        drop_after_compute: str = "0",
+        seed: str | None = None,
+        ledger: str | None = None,
+    ) -> SimConfig:
+        """Parse the CLI's flag strings; raises :class:`ConfigError` on the first bad one."""
+        if not host.strip():
+            raise ConfigError("--host: must not be empty")
+        if ledger is not None and not ledger.strip():
+            raise ConfigError("--ledger: must not be empty")
+        return cls(
+            host=host,
+            port=parse_port(port),
+            latency=parse_latency(latency),
+            failures=parse_failures(fail),
+            drop_after_compute=parse_rate(drop_after_compute, flag="--drop-after-compute"),
+            seed=None if seed is None else parse_seed(seed),
+            ledger_path=None if ledger is None else Path(ledger),
+        )

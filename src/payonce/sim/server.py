@@ -1,0 +1,94 @@
+"""Run the simulated provider on a socket until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from payonce.clock import Clock
+from payonce.errors import ConfigError
+from payonce.sim.app import build_app
+from payonce.sim.config import SimConfig
+
+__all__ = ["SHUTDOWN_SECONDS", "run", "serve"]
+
+# Generations still running at shutdown get this long to finish (and be billed);
+# past it they are cancelled and never billed, like a provider replica going away.
+SHUTDOWN_SECONDS = 2.0
+
+
+def run(config: SimConfig) -> None:
+    """Serve ``config`` on uvloop when it is installed, else on the default event loop."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(config))
+
+
+async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully (flushing the CSV export).
+
+    Raises :class:`ConfigError` when the ledger file cannot be opened or the address
+    cannot be listened on.
+    """
+    runner = web.AppRunner(
+        build_app(config, clock=clock),
+        # The default, said out loud because the product depends on it: a handler
+        # keeps running when its client disconnects, so the generation finishes and
+        # is billed, exactly as at a real provider.
+        handler_cancellation=False,
+        # No access log: with --latency fixed:0 the sim is a benchmark upstream.
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_SECONDS,
+        handle_signals=False,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(
+                f"--host/--port: cannot listen on {config.host}:{config.port}: {reason}"
+            ) from exc
+        print(_startup_line(config), file=sys.stderr, flush=True)
+        await _until_signalled()
+    finally:
+        await runner.cleanup()
+
+
+async def _until_signalled() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
+def _startup_line(config: SimConfig) -> str:
+    parts = [
+        f"payonce sim listening on http://{config.host}:{config.port}",
+        f"latency {config.latency.describe()}",
+        f"fail {config.failures.describe()}",
+        f"drop-after-compute {config.drop_after_compute:g}",
+        f"seed {'random' if config.seed is None else config.seed}",
+    ]
+    if config.ledger_path is not None:
+        parts.append(f"ledger {config.ledger_path}")
+    return ", ".join(parts)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # optional dependency: absent on Windows
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
