@@ -1,0 +1,56 @@
+"""The application in process, on an injected clock: timestamps and routing details."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from payonce.clock import ManualClock
+from payonce.sim import build_app
+from payonce.sim.app import LEDGER
+from payonce.sim.config import SimConfig
+from payonce.sim.faults import FaultPlan
+from payonce.sim.latency import FixedLatency
+
+Client = TestClient[web.Request, web.Application]
+
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there friend"}]}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Client]:
+    app = build_app(SimConfig(latency=FixedLatency(0.0)), clock=ManualClock(1_700_000_000.0))
+    async with TestClient(TestServer(app)) as test_client:
+        yield test_client
+
+
+async def test_clock_stamps_created_and_finished_at(client: Client) -> None:
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    body = await response.json()
+    assert body["created"] == 1_700_000_000
+    ledger = await (await client.get("/_sim/ledger")).json()
+    assert ledger["entries"][0]["finished_at"] == "2023-11-14T22:13:20.000Z"
+
+
+async def test_ledger_is_reachable_in_process(client: Client) -> None:
+    await client.post("/v1/messages", json={**CHAT, "max_tokens": 5})
+    ledger = client.app[LEDGER]
+    assert (ledger.requests, ledger.billed) == (1, 1)
+    assert ledger.entries[0].output_tokens == 5
+
+
+async def test_seeded_failures_in_process() -> None:
+    config = SimConfig(latency=FixedLatency(0.0), failures=FaultPlan(((500, 0.5),)), seed=3)
+    runs = []
+    for _ in range(2):
+        async with TestClient(TestServer(build_app(config))) as client:
+            statuses = []
+            for _ in range(30):
+                response = await client.post("/v1/chat/completions", json=CHAT)
+                statuses.append(response.status)
+            runs.append(statuses)
+    assert runs[0] == runs[1]
+    assert set(runs[0]) == {200, 500}
