@@ -34,9 +34,12 @@ class Duration(click.ParamType[float]):
 class Size(click.ParamType[int]):
     name = "size"
 
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         try:
-            return parse_size(value, _flag(param))
+            return parse_size(value, _flag(param), allow_zero=self.allow_zero)
         except ConfigError as exc:
             self.fail(str(exc).split(": ", 1)[-1], param, ctx)
 
@@ -139,6 +142,14 @@ def cli() -> None:
     default="10MiB",
     show_default=True,
     help="Largest request body accepted (413 beyond).",
+)
+@click.option(
+    "--replay-cache",
+    envvar=_env("replay_cache"),
+    type=Size(allow_zero=True),
+    default="64MiB",
+    show_default=True,
+    help="Memory for completed responses answered without a store read (0: off).",
 )
 @click.option(
     "--on-disconnect",

@@ -40,7 +40,7 @@ def parse_duration(value: str | float, name: str) -> float:
     return seconds
 
 
-def parse_size(value: str | int, name: str) -> int:
+def parse_size(value: str | int, name: str, *, allow_zero: bool = False) -> int:
     """``"10MiB"``, ``"512KB"`` or a number of bytes."""
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
@@ -49,7 +49,7 @@ def parse_size(value: str | int, name: str) -> int:
         if match is None:
             raise ConfigError(f"{name}: {value!r} is not a size (e.g. 10MiB, 512KB, 1048576)")
         size = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()])
-    if size <= 0:
+    if size < 0 or (size == 0 and not allow_zero):
         raise ConfigError(f"{name}: must be positive")
     return size
 
@@ -70,6 +70,7 @@ class GatewaySettings:
     lease: float = 30.0
     ttl: float = 86400.0
     max_body: int = 10 * 1024 * 1024
+    replay_cache: int = 64 * 1024 * 1024
     on_disconnect: str = "cancel"
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0

@@ -87,7 +87,8 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
         local = gateway.running.get((tenant, key))
         if local is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(local.future), wait)
+                assert local.task is not None
+                await asyncio.wait_for(asyncio.shield(local.task), wait)
             record = await gateway.store.get(tenant, key)
         else:
             record = await gateway.store.wait(tenant, key, wait)
@@ -112,7 +113,9 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         wait = _wait_seconds(scope["query_string"])
         if len(parts) == 4:
             record = await _lookup(gateway, tenant, key, wait)
-            await send_json(send, 200, record_document(record))
+            document = record_document(record)
+            document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
+            await send_json(send, 200, document)
             return
         if parts[4] == "response":
             record = await _lookup(gateway, tenant, key, wait)

@@ -4,7 +4,9 @@ Keyed request, in order (DESIGN.md, Outcomes)::
 
     parse key ─ bad ──────────────────────────────────────────► 400
     read body ─ too big ──────────────────────────────────────► 413
-    same key running here?  ─ same fingerprint ─► join ───────► its result
+    replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
+                     ─ other fingerprint ─────────────────────► 422
+    same key running here? ─ same fingerprint ─► join ────────► its result
     store.claim ─ MISMATCH ───────────────────────────────────► 422
                 ─ COMPLETED ──────────────────────────────────► replay
                 ─ IN_PROGRESS (another process) ─► store.wait, claim again; past
@@ -31,32 +33,42 @@ from payonce.errors import (
 )
 from payonce.gateway import admin
 from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
-from payonce.gateway.execution import Execution, Outcome, run_execution
+from payonce.gateway.execution import Execution, Outcome, renew_leases, run_execution
 from payonce.gateway.keys import fingerprint, read_key, tenant_of
+from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.upstream import Upstream, UpstreamResponse
-from payonce.store import ClaimStatus, Store, StoredResponse
+from payonce.store import ClaimStatus, Record, RecordState, Store, StoredResponse
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger("payonce.gateway")
 
-_REPLAYED = (b"idempotent-replayed", b"true")
+_JOINED = (b"idempotent-replayed", b"true")
 _NOT_REPLAYED = (b"idempotent-replayed", b"false")
+_VIA = (b"via", b"1.1 payonce")
+_REPLAY_FLUSH_SECONDS = 1.0
 
 
-def _encode(headers: tuple[tuple[str, str], ...]) -> list[tuple[bytes, bytes]]:
-    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-
-
-async def _send_stored(
-    send: Send, response: UpstreamResponse | StoredResponse, marker: tuple[bytes, bytes]
+async def _send_response(
+    send: Send, response: UpstreamResponse, marker: tuple[bytes, bytes]
 ) -> None:
-    headers = _encode(response.headers)
+    headers = [
+        (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
+    ]
     headers.append(marker)
     headers.append((b"content-length", str(len(response.body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})
+
+
+async def _send_replay(send: Send, replay: CachedReplay) -> None:
+    await send(replay.start)
+    await send(replay.body)
+
+
+def _mismatch(key: str) -> FingerprintMismatch:
+    return FingerprintMismatch(f"Idempotency-Key {key!r} was first used with a different request")
 
 
 class Gateway:
@@ -82,7 +94,9 @@ class Gateway:
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.replays = ReplayCache(self.clock, settings.replay_cache)
+        self.replay_counts = ReplayCounter()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -138,9 +152,8 @@ class Gateway:
             response = await call
         else:
             response = await self._cancel_on_disconnect(call, receive)
-        if response is None:
-            return
-        await _send_stored(send, response, (b"via", b"1.1 payonce"))
+        if response is not None:
+            await _send_response(send, response, _VIA)
 
     @staticmethod
     async def _cancel_on_disconnect(
@@ -148,14 +161,33 @@ class Gateway:
     ) -> UpstreamResponse | None:
         # Without a key nobody can claim the result, so a client that leaves
         # should stop the generation (and its bill) where the provider allows.
-        upstream = asyncio.ensure_future(call)
+        # The call runs in this task; one watcher task cancels it on disconnect.
+        current = asyncio.current_task()
+        assert current is not None
+        gone = False
+
+        def on_message(watcher: asyncio.Task[Any]) -> None:
+            nonlocal gone
+            if (
+                not watcher.cancelled()
+                and watcher.exception() is None
+                and watcher.result()["type"] == "http.disconnect"
+            ):
+                gone = True
+                current.cancel()
+
         watcher = asyncio.ensure_future(receive())
-        done, _ = await asyncio.wait({upstream, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if upstream in done:
+        watcher.add_done_callback(on_message)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            current.uncancel()
+            return None
+        finally:
+            watcher.remove_done_callback(on_message)
             watcher.cancel()
-            return upstream.result()
-        upstream.cancel()
-        return None
 
     async def _keyed(self, key: str, request: ProxiedRequest, send: Send) -> None:
         tenant = self.tenant(request.headers)
@@ -165,18 +197,23 @@ class Gateway:
             request.body,
             header(request.headers, b"content-type"),
         )
+        cached = self.replays.get(tenant, key)
+        if cached is not None:
+            if cached.fingerprint != print_:
+                raise _mismatch(key)
+            self.replay_counts.add(tenant, key)
+            await _send_replay(send, cached)
+            return
         settings = self.settings
-        deadline = asyncio.get_running_loop().time() + settings.wait_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.wait_timeout
         while True:
             local = self.running.get((tenant, key))
             if local is not None:
                 if local.fingerprint != print_:
-                    raise FingerprintMismatch(
-                        f"Idempotency-Key {key!r} was first used with a different request"
-                    )
+                    raise _mismatch(key)
                 local.joined += 1
-                outcome = await self._await_local(local, deadline)
-                await self._send_outcome(send, outcome, _REPLAYED)
+                await self._send_outcome(send, await self._join(local, deadline), _JOINED)
                 return
             claim = await self.store.claim(
                 tenant, key, print_, lease=settings.lease, ttl=settings.ttl
@@ -187,16 +224,14 @@ class Gateway:
                 return
             record = claim.record
             if claim.status is ClaimStatus.MISMATCH:
-                raise FingerprintMismatch(
-                    f"Idempotency-Key {key!r} was first used with a different request"
-                )
+                raise _mismatch(key)
             if claim.status is ClaimStatus.COMPLETED:
-                assert record.response is not None
-                await _send_stored(send, record.response, _REPLAYED)
+                self.replay_counts.add(tenant, key)
+                await _send_replay(send, self.replays.put(record))
                 return
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 lease_left = record.lease_expires_at - self.clock.now()
                 raise RequestInProgress(
@@ -205,57 +240,80 @@ class Gateway:
                 )
             await self.store.wait(tenant, key, remaining)
 
-    async def _await_local(self, execution: Execution, deadline: float) -> Outcome:
+    async def _join(self, execution: Execution, deadline: float) -> Outcome:
+        assert execution.task is not None
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(asyncio.shield(execution.future), max(0.0, remaining))
+            outcome, _ = await asyncio.wait_for(asyncio.shield(execution.task), max(0.0, remaining))
         except TimeoutError:
             raise RequestInProgress(
                 f"a request with Idempotency-Key {execution.key!r} is still running; retry later",
                 retry_after=max(1.0, math.ceil(self.settings.lease / 3)),
             ) from None
+        return outcome
 
     async def _execute(
         self, tenant: str, key: str, token: str, print_: str, request: ProxiedRequest
     ) -> Outcome:
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        execution = Execution(tenant, key, token, print_, future)
+        execution = Execution(tenant, key, token, print_)
         self.running[(tenant, key)] = execution
-        task = asyncio.create_task(
-            run_execution(
-                self.store,
-                self.upstream,
-                execution,
-                request,
-                lease=self.settings.lease,
-                ttl=self.settings.ttl,
-                running=self.running,
-            )
-        )
+        task = asyncio.get_running_loop().create_task(self._run(execution, request))
+        execution.task = task
         # Keep a reference: the task must outlive this request if the client leaves.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(future)
+        outcome, _ = await asyncio.shield(task)
+        return outcome
+
+    async def _run(
+        self, execution: Execution, request: ProxiedRequest
+    ) -> tuple[Outcome, StoredResponse | None]:
+        outcome, stored = await run_execution(
+            self.store,
+            self.upstream,
+            execution,
+            request,
+            ttl=self.settings.ttl,
+            running=self.running,
+        )
+        if stored is not None:
+            now = self.clock.now()
+            self.replays.put(
+                Record(
+                    tenant=execution.tenant,
+                    key=execution.key,
+                    fingerprint=execution.fingerprint,
+                    state=RecordState.COMPLETED,
+                    token=execution.token,
+                    created_at=now,
+                    lease_expires_at=now,
+                    expires_at=now + self.settings.ttl,
+                    response=stored,
+                )
+            )
+        return outcome, stored
 
     @staticmethod
     async def _send_outcome(send: Send, outcome: Outcome, marker: tuple[bytes, bytes]) -> None:
         if isinstance(outcome, ProblemError):
             raise outcome
-        await _send_stored(send, outcome, marker)
+        await _send_response(send, outcome, marker)
 
-    async def drain(self, grace: float) -> None:
-        """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them."""
-        if not self._tasks:
-            return
-        log.info("waiting up to %.0fs for %d keyed upstream call(s)", grace, len(self._tasks))
-        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+    async def background(self) -> None:
+        """The gateway's housekeeping: lease renewal, replay counts, purging expired records."""
+        loops = [
+            renew_leases(self.store, self.running, self.settings.lease),
+            self._flush_replay_counts(),
+            self._purge_expired(min(60.0, self.settings.ttl / 10)),
+        ]
+        await asyncio.gather(*loops)
 
-    async def purge_loop(self, every: float) -> None:
-        """Delete expired records now and then, so the store does not grow without bound."""
+    async def _flush_replay_counts(self) -> None:
+        while True:
+            await asyncio.sleep(_REPLAY_FLUSH_SECONDS)
+            await self.replay_counts.flush(self.store)
+
+    async def _purge_expired(self, every: float) -> None:
         while True:
             await asyncio.sleep(every)
             try:
@@ -265,3 +323,14 @@ class Gateway:
                 continue
             if purged:
                 log.debug("purged %d expired records", purged)
+
+    async def drain(self, grace: float) -> None:
+        """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them."""
+        if self._tasks:
+            log.info("waiting up to %.0fs for %d keyed upstream call(s)", grace, len(self._tasks))
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self.replay_counts.flush(self.store)

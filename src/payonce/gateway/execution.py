@@ -2,16 +2,16 @@
 
 The run is a task of its own, detached from the client's request: when the
 client disconnects or times out, the upstream call goes on and its result is
-stored for the retry (DESIGN.md, Disconnects). While it runs, its lease is
-renewed every third of the lease; duplicates arriving at this process await its
-outcome directly instead of polling the store.
+stored for the retry (DESIGN.md, Disconnects). Duplicates arriving at this
+process await that task directly instead of polling the store. One loop renews
+the leases of every run in progress (:func:`renew_leases`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.request import ProxiedRequest
@@ -20,7 +20,7 @@ from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_and_usage
 from payonce.store import Store, StoredResponse
 
-__all__ = ["Execution", "Outcome", "is_stored_status", "run_execution"]
+__all__ = ["Execution", "Outcome", "is_stored_status", "renew_leases", "run_execution"]
 
 log = logging.getLogger("payonce.gateway")
 
@@ -43,23 +43,28 @@ class Execution:
     key: str
     token: str
     fingerprint: str
-    future: asyncio.Future[Outcome]
-    joined: int = 0
-    lease_lost: bool = field(default=False)
+    task: asyncio.Task[tuple[Outcome, StoredResponse | None]] | None = None
+    joined: int = 0  # duplicates that awaited this run: counted as replays when it completes
 
 
-async def _keep_lease(store: Store, execution: Execution, lease: float) -> None:
+async def renew_leases(
+    store: Store, running: dict[tuple[str, str], Execution], lease: float
+) -> None:
+    """Renew the lease of every run in progress every third of a lease, forever."""
     while True:
         await asyncio.sleep(lease / 3)
-        try:
-            held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
-        except StoreUnavailable as exc:
-            log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
-            continue
-        if not held:
-            execution.lease_lost = True
-            log.warning("lost the lease of key %r; its result will not be stored", execution.key)
-            return
+        for name, execution in list(running.items()):
+            try:
+                held = await store.renew(
+                    execution.tenant, execution.key, execution.token, lease=lease
+                )
+            except StoreUnavailable as exc:
+                log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
+                continue
+            if not held and running.get(name) is execution:
+                log.warning(
+                    "lost the lease of key %r; its result will not be stored", execution.key
+                )
 
 
 async def run_execution(
@@ -68,17 +73,17 @@ async def run_execution(
     execution: Execution,
     request: ProxiedRequest,
     *,
-    lease: float,
     ttl: float,
     running: dict[tuple[str, str], Execution],
-) -> None:
-    """Call the upstream, then store or release the record, then resolve the future."""
-    renewer = asyncio.create_task(_keep_lease(store, execution, lease))
+) -> tuple[Outcome, StoredResponse | None]:
+    """Call the upstream, then store or release the record.
+
+    Returns the outcome and, when it was stored, the stored response.
+    """
     name = (execution.tenant, execution.key)
-    outcome: Outcome
     try:
         try:
-            outcome = await upstream.send(
+            outcome: Outcome = await upstream.send(
                 request.method,
                 request.raw_path,
                 request.query,
@@ -87,25 +92,22 @@ async def run_execution(
             )
         except ProblemError as exc:
             outcome = exc
-        renewer.cancel()
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        await _settle(store, execution, outcome, ttl)
+        return outcome, await _settle(store, execution, outcome, ttl)
     except BaseException:
         # Cancelled at shutdown, or a bug: give the key up so a retry can run.
-        renewer.cancel()
         running.pop(name, None)
         await _release_quietly(store, execution)
-        if not execution.future.done():
-            execution.future.cancel()
         raise
-    execution.future.set_result(outcome)
 
 
-async def _settle(store: Store, execution: Execution, outcome: Outcome, ttl: float) -> None:
+async def _settle(
+    store: Store, execution: Execution, outcome: Outcome, ttl: float
+) -> StoredResponse | None:
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
         await _release_quietly(store, execution)
-        return
+        return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
     model, usage = model_and_usage(outcome.body, outcome.headers)
     try:
@@ -123,11 +125,13 @@ async def _settle(store: Store, execution: Execution, outcome: Outcome, ttl: flo
         # The client still gets its answer; the record's lease will lapse and a
         # later retry runs again. Nothing better is possible without a store.
         log.error("could not store the result of key %r: %s", execution.key, exc)
-        return
+        return None
     if not stored:
         log.warning(
             "the result of key %r was not stored: its lease passed to another holder", execution.key
         )
+        return None
+    return response
 
 
 async def _release_quietly(store: Store, execution: Execution) -> None:

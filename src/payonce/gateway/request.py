@@ -27,8 +27,9 @@ class ProxiedRequest:
 
     def upstream_headers(self) -> list[tuple[str, str]]:
         """Headers to forward: everything but hop-by-hop fields (RFC 9110 section 7.6.1)."""
-        return [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in self.headers
-            if name.decode("latin-1") not in HOP_BY_HOP
-        ]
+        forwarded = []
+        for raw_name, raw_value in self.headers:
+            name = raw_name.decode("latin-1")
+            if name not in HOP_BY_HOP:
+                forwarded.append((name, raw_value.decode("latin-1")))
+        return forwarded

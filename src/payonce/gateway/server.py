@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -110,10 +111,17 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
                 server_header=False,  # relay the upstream's own Server and Date
                 date_header=False,
                 log_level=settings.log_level,
+                proxy_headers=False,  # the gateway never reads the client address
                 timeout_graceful_shutdown=5,
             )
             server = _Server(config)
-            purger = asyncio.create_task(gateway.purge_loop(min(60.0, settings.ttl / 10)))
+            housekeeping = asyncio.create_task(gateway.background())
+            # Start-up objects never die: keep them out of every collection, and
+            # collect the young generation less often (each request allocates a lot
+            # of short-lived objects; measured in docs/benchmarks.md).
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(7000, 20, 20)
             log.info(
                 "payonce gateway on http://%s:%d -> %s (store %s)",
                 settings.host,
@@ -124,7 +132,7 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
             try:
                 await server.serve()
             finally:
-                purger.cancel()
+                housekeeping.cancel()
                 await gateway.drain(grace=settings.lease)
     finally:
         await store.close()

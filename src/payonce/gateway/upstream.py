@@ -99,6 +99,9 @@ class Upstream:
             connector=connector,
             timeout=self._timeout,
             auto_decompress=False,
+            # One session serves every tenant: a cookie one upstream response sets
+            # must never ride along on another tenant's request.
+            cookie_jar=aiohttp.DummyCookieJar(),
             # Send what the client sent, no more: no default User-Agent or
             # Accept-Encoding of ours changes what the upstream computes.
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),

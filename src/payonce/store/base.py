@@ -4,7 +4,8 @@ A record's life::
 
     claim ──► IN_PROGRESS ──complete(token)──► COMPLETED ──(ttl)──► purged
                  │   ▲                             │
-                 │   └─renew(token) every lease/3  └─ claim → Claim(COMPLETED): replay
+                 │   └─renew(token) every lease/3  └─ claim → Claim(COMPLETED): replay,
+                 │                                    counted later with add_replays
                  └──release(token)──► (gone: the next claim runs again)
 
     lease expiry (the holder died):
@@ -33,7 +34,7 @@ class RecordState(enum.Enum):
 
 class ClaimStatus(enum.Enum):
     ACQUIRED = "acquired"  # the caller holds the lease and must run the request
-    COMPLETED = "completed"  # a stored response to replay (counted as one replay)
+    COMPLETED = "completed"  # a stored response to replay
     IN_PROGRESS = "in_progress"  # someone else holds a live lease: wait for it
     MISMATCH = "mismatch"  # the key exists with another fingerprint: 422
 
@@ -89,10 +90,15 @@ class Store(Protocol):
 
         ACQUIRED when the key is new, its record expired (ttl), or its lease ran
         out and the fingerprint matches (take-over with a new token).
-        COMPLETED (and the replay counter incremented) when a response is stored
-        under the same fingerprint. MISMATCH when the fingerprint differs.
-        IN_PROGRESS otherwise.
+        COMPLETED when a response is stored under the same fingerprint (the
+        caller counts the replay with :meth:`add_replays`, in batches: a write
+        per replay would double its cost). MISMATCH when the fingerprint
+        differs. IN_PROGRESS otherwise.
         """
+        ...
+
+    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Add replay counts to completed records, by ``(tenant, key)``; skip gone ones."""
         ...
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:

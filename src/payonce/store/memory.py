@@ -41,8 +41,6 @@ class MemoryStore:
             if record.fingerprint != fingerprint:
                 return Claim(ClaimStatus.MISMATCH, record)
             if record.state is RecordState.COMPLETED:
-                record = dataclasses.replace(record, replays=record.replays + 1)
-                self._records[(tenant, key)] = record
                 return Claim(ClaimStatus.COMPLETED, record)
             if record.lease_expires_at > now:
                 return Claim(ClaimStatus.IN_PROGRESS, record)
@@ -108,6 +106,14 @@ class MemoryStore:
         del self._records[(tenant, key)]
         self._waiters.notify(f"{tenant}\x00{key}")
         return True
+
+    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for (tenant, key), count in counts.items():
+            record = self._live(tenant, key)
+            if record is not None and record.state is RecordState.COMPLETED:
+                self._records[(tenant, key)] = dataclasses.replace(
+                    record, replays=record.replays + count
+                )
 
     async def get(self, tenant: str, key: str) -> Record | None:
         return self._live(tenant, key)

@@ -55,11 +55,6 @@ _COLUMNS = (
     "tenant, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,"
     " completed_at, status, headers, body, replays, usage, cost_usd"
 )
-_COUNT_REPLAY = f"""
-UPDATE payonce_records SET replays = replays + 1
-WHERE tenant = ? AND key = ? AND state = 'completed' AND fingerprint = ? AND expires_at > ?
-RETURNING {_COLUMNS}
-"""
 # Insert a new claim, or take over a record that expired or whose holder's
 # lease ran out (same fingerprint only: a different request must get 422).
 _CLAIM = """
@@ -160,10 +155,9 @@ class SQLiteStore:
     async def claim(
         self, tenant: str, key: str, fingerprint: str, *, lease: float, ttl: float
     ) -> Claim:
+        # The insert comes first: a new key is then one statement. Replays are
+        # mostly answered from the gateway's replay cache without calling claim.
         now = self._clock.now()
-        row = self._run(_COUNT_REPLAY, (tenant, key, fingerprint, now)).fetchone()
-        if row is not None:
-            return Claim(ClaimStatus.COMPLETED, _record(row))
         token = secrets.token_hex(8)
         params = {
             "tenant": tenant,
@@ -248,6 +242,20 @@ class SQLiteStore:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
+
+    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+        rows = [(count, tenant, key) for (tenant, key), count in counts.items()]
+        if not rows:
+            return
+        try:
+            with self._db:  # one transaction for the whole batch
+                self._db.executemany(
+                    "UPDATE payonce_records SET replays = replays + ?"
+                    " WHERE tenant = ? AND key = ? AND state = 'completed'",
+                    rows,
+                )
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     async def get(self, tenant: str, key: str) -> Record | None:
         row = self._run(
