@@ -28,9 +28,7 @@ async def test_first_claim_acquires_and_second_sees_in_progress(store: Store) ->
 
 async def test_complete_then_replays_are_counted_in_batches(store: Store) -> None:
     _, token = await claim(store)
-    assert await store.complete(
-        "t", "k", token, RESPONSE, ttl=TTL, usage={"input_tokens": 3}, cost_usd=0.5
-    )
+    assert await store.complete("t", "k", token, RESPONSE, usage={"input_tokens": 3}, cost_usd=0.5)
     for _ in range(2):
         result = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
         assert result.status is ClaimStatus.COMPLETED
@@ -50,7 +48,7 @@ async def test_complete_then_replays_are_counted_in_batches(store: Store) -> Non
 
 async def test_complete_adds_joined_duplicates_to_replays(store: Store) -> None:
     _, token = await claim(store)
-    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL, replays=4)
+    assert await store.complete("t", "k", token, RESPONSE, replays=4)
     record = await store.get("t", "k")
     assert record is not None and record.replays == 4
 
@@ -58,7 +56,7 @@ async def test_complete_adds_joined_duplicates_to_replays(store: Store) -> None:
 async def test_different_fingerprint_is_a_mismatch_and_leaves_the_record(store: Store) -> None:
     _, token = await claim(store)
     assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
-    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    await store.complete("t", "k", token, RESPONSE)
     assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
     record = await store.get("t", "k")
     assert record is not None and record.fingerprint == "fp" and record.response == RESPONSE
@@ -90,10 +88,10 @@ async def test_lease_expiry_lets_a_retry_take_over_and_fences_the_late_writer(
     status, new = await claim(store)
     assert status is ClaimStatus.ACQUIRED and new != old
     late = StoredResponse(200, (), b"late")
-    assert not await store.complete("t", "k", old, late, ttl=TTL)
+    assert not await store.complete("t", "k", old, late)
     assert not await store.renew("t", "k", old, lease=LEASE)
     assert not await store.release("t", "k", old)
-    assert await store.complete("t", "k", new, RESPONSE, ttl=TTL)
+    assert await store.complete("t", "k", new, RESPONSE)
     record = await store.get("t", "k")
     assert record is not None and record.response == RESPONSE
 
@@ -112,7 +110,7 @@ async def test_renew_keeps_the_lease(store: Store, clock: ManualClock) -> None:
         clock.advance(LEASE - 5)
         assert await store.renew("t", "k", token, lease=LEASE)
     assert (await claim(store))[0] is ClaimStatus.IN_PROGRESS
-    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    assert await store.complete("t", "k", token, RESPONSE)
     assert not await store.renew("t", "k", token, lease=LEASE), "completed records have no lease"
 
 
@@ -120,7 +118,7 @@ async def test_ttl_expiry_forgets_completed_records_and_purge_deletes_them(
     store: Store, clock: ManualClock
 ) -> None:
     _, token = await claim(store)
-    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+    await store.complete("t", "k", token, RESPONSE)
     await claim(store, key="young")
     clock.advance(TTL + 1)
     assert await store.get("t", "k") is None
@@ -136,7 +134,7 @@ async def test_wait_returns_when_the_holder_completes(store: Store) -> None:
 
     async def finish() -> None:
         await asyncio.sleep(0.05)
-        await store.complete("t", "k", token, RESPONSE, ttl=TTL)
+        await store.complete("t", "k", token, RESPONSE)
 
     task = asyncio.create_task(finish())
     record = await asyncio.wait_for(store.wait("t", "k", timeout=5), 3)
@@ -180,6 +178,6 @@ async def test_responses_round_trip_bytes_and_header_order(store: Store) -> None
     _, token = await claim(store)
     body = bytes(range(256)) * 10
     headers = (("x-b", "2"), ("x-a", "1"), ("set-cookie", "a=1"), ("set-cookie", "b=2"))
-    await store.complete("t", "k", token, StoredResponse(201, headers, body), ttl=TTL)
+    await store.complete("t", "k", token, StoredResponse(201, headers, body))
     record = await store.get("t", "k")
     assert record is not None and record.response == StoredResponse(201, headers, body)

@@ -15,7 +15,7 @@ async def test_completed_records_survive_reopening(tmp_path: Path) -> None:
     clock = ManualClock()
     first = SQLiteStore(str(tmp_path / "p.db"), clock)
     claim = await first.claim("t", "k", "fp", lease=30, ttl=3600)
-    await first.complete("t", "k", claim.record.token, StoredResponse(200, (), b"x"), ttl=3600)
+    await first.complete("t", "k", claim.record.token, StoredResponse(200, (), b"x"))
     await first.close()
     second = SQLiteStore(str(tmp_path / "p.db"), clock)
     again = await second.claim("t", "k", "fp", lease=30, ttl=3600)

@@ -38,7 +38,7 @@ from payonce.gateway.keys import fingerprint, read_key, tenant_of
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.upstream import Upstream, UpstreamResponse
-from payonce.store import ClaimStatus, Record, RecordState, Store, StoredResponse
+from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
 __all__ = ["Gateway"]
 
@@ -219,7 +219,7 @@ class Gateway:
                 tenant, key, print_, lease=settings.lease, ttl=settings.ttl
             )
             if claim.status is ClaimStatus.ACQUIRED:
-                outcome = await self._execute(tenant, key, claim.record.token, print_, request)
+                outcome = await self._execute(claim.record, request)
                 await self._send_outcome(send, outcome, _NOT_REPLAYED)
                 return
             record = claim.record
@@ -227,7 +227,11 @@ class Gateway:
                 raise _mismatch(key)
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)
-                await _send_replay(send, self.replays.put(record))
+                assert record.response is not None
+                entry = self.replays.put(
+                    tenant, key, record.fingerprint, record.expires_at, record.response
+                )
+                await _send_replay(send, entry)
                 return
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
@@ -252,11 +256,11 @@ class Gateway:
             ) from None
         return outcome
 
-    async def _execute(
-        self, tenant: str, key: str, token: str, print_: str, request: ProxiedRequest
-    ) -> Outcome:
-        execution = Execution(tenant, key, token, print_)
-        self.running[(tenant, key)] = execution
+    async def _execute(self, claimed: Record, request: ProxiedRequest) -> Outcome:
+        execution = Execution(
+            claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
+        )
+        self.running[(claimed.tenant, claimed.key)] = execution
         task = asyncio.get_running_loop().create_task(self._run(execution, request))
         execution.task = task
         # Keep a reference: the task must outlive this request if the client leaves.
@@ -269,27 +273,11 @@ class Gateway:
         self, execution: Execution, request: ProxiedRequest
     ) -> tuple[Outcome, StoredResponse | None]:
         outcome, stored = await run_execution(
-            self.store,
-            self.upstream,
-            execution,
-            request,
-            ttl=self.settings.ttl,
-            running=self.running,
+            self.store, self.upstream, execution, request, running=self.running
         )
         if stored is not None:
-            now = self.clock.now()
             self.replays.put(
-                Record(
-                    tenant=execution.tenant,
-                    key=execution.key,
-                    fingerprint=execution.fingerprint,
-                    state=RecordState.COMPLETED,
-                    token=execution.token,
-                    created_at=now,
-                    lease_expires_at=now,
-                    expires_at=now + self.settings.ttl,
-                    response=stored,
-                )
+                execution.tenant, execution.key, execution.fingerprint, execution.expires_at, stored
             )
         return outcome, stored
 

@@ -43,6 +43,7 @@ class Execution:
     key: str
     token: str
     fingerprint: str
+    expires_at: float
     task: asyncio.Task[tuple[Outcome, StoredResponse | None]] | None = None
     joined: int = 0  # duplicates that awaited this run: counted as replays when it completes
 
@@ -73,7 +74,6 @@ async def run_execution(
     execution: Execution,
     request: ProxiedRequest,
     *,
-    ttl: float,
     running: dict[tuple[str, str], Execution],
 ) -> tuple[Outcome, StoredResponse | None]:
     """Call the upstream, then store or release the record.
@@ -94,7 +94,7 @@ async def run_execution(
             outcome = exc
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        return outcome, await _settle(store, execution, outcome, ttl)
+        return outcome, await _settle(store, execution, outcome)
     except BaseException:
         # Cancelled at shutdown, or a bug: give the key up so a retry can run.
         running.pop(name, None)
@@ -102,9 +102,7 @@ async def run_execution(
         raise
 
 
-async def _settle(
-    store: Store, execution: Execution, outcome: Outcome, ttl: float
-) -> StoredResponse | None:
+async def _settle(store: Store, execution: Execution, outcome: Outcome) -> StoredResponse | None:
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
         await _release_quietly(store, execution)
         return None
@@ -116,7 +114,6 @@ async def _settle(
             execution.key,
             execution.token,
             response,
-            ttl=ttl,
             usage=usage,
             cost_usd=cost_of(model, usage),
             replays=execution.joined,

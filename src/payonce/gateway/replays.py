@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from payonce.clock import Clock
 from payonce.errors import StoreUnavailable
-from payonce.store import Record, Store, StoredResponse
+from payonce.store import Store, StoredResponse
 
 __all__ = ["CachedReplay", "ReplayCache", "ReplayCounter"]
 
@@ -62,17 +62,17 @@ class ReplayCache:
         self._entries.move_to_end((tenant, key))
         return entry
 
-    def put(self, record: Record) -> CachedReplay:
-        """Remember a completed record; return the entry (cached or not, if too big)."""
-        assert record.response is not None
-        start, body = replay_messages(record.response)
-        entry = CachedReplay(record.fingerprint, record.expires_at, start, body)
-        size = len(record.response.body)
-        if (
-            self._max_bytes == 0 or size > self._max_bytes // 8
-        ):  # a few huge bodies must not flush everything else
+    def put(
+        self, tenant: str, key: str, fingerprint: str, expires_at: float, response: StoredResponse
+    ) -> CachedReplay:
+        """Remember a completed response; return the entry (cached or not, if too big)."""
+        start, body = replay_messages(response)
+        entry = CachedReplay(fingerprint, expires_at, start, body)
+        size = len(response.body)
+        # A few huge bodies must not flush everything else.
+        if self._max_bytes == 0 or size > self._max_bytes // 8:
             return entry
-        name = (record.tenant, record.key)
+        name = (tenant, key)
         self._drop(name)
         self._entries[name] = entry
         self._bytes += size

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Iterable
+
+import orjson
 
 __all__ = ["extract_usage", "model_and_usage"]
 
@@ -43,8 +44,8 @@ def model_and_usage(
     if not raw or raw[:1] != b"{":
         return None, None
     try:
-        document = json.loads(raw)
-    except ValueError:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         return None, None
     if not isinstance(document, dict):
         return None, None

@@ -112,12 +112,15 @@ class Store(Protocol):
         token: str,
         response: StoredResponse,
         *,
-        ttl: float,
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
     ) -> bool:
-        """Store the response; ``replays`` counts duplicates already answered with it."""
+        """Store the response; ``replays`` counts duplicates already answered with it.
+
+        The record keeps the expiry its claim set (``ttl`` after the claim):
+        a key is replayed for ``ttl`` from its first use, however long it ran.
+        """
         ...
 
     async def release(self, tenant: str, key: str, token: str) -> bool:

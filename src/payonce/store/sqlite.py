@@ -13,13 +13,14 @@ across processes too.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
@@ -79,7 +80,7 @@ def _record(row: tuple[Any, ...]) -> Record:
      status, headers, body, replays, usage, cost_usd) = row  # fmt: skip
     response = None
     if status is not None:
-        pairs = tuple((str(name), str(value)) for name, value in json.loads(headers))
+        pairs = tuple((str(name), str(value)) for name, value in orjson.loads(headers))
         response = StoredResponse(status=status, headers=pairs, body=bytes(body))
     return Record(
         tenant=tenant,
@@ -93,7 +94,7 @@ def _record(row: tuple[Any, ...]) -> Record:
         completed_at=completed_at,
         response=response,
         replays=replays,
-        usage=json.loads(usage) if usage else None,
+        usage=orjson.loads(usage) if usage else None,
         cost_usd=cost_usd,
     )
 
@@ -204,23 +205,21 @@ class SQLiteStore:
         token: str,
         response: StoredResponse,
         *,
-        ttl: float,
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
     ) -> bool:
         now = self._clock.now()
         cursor = self._run(
-            "UPDATE payonce_records SET state = 'completed', completed_at = ?, expires_at = ?,"
+            "UPDATE payonce_records SET state = 'completed', completed_at = ?,"
             " status = ?, headers = ?, body = ?, usage = ?, cost_usd = ?,"
             f" replays = replays + ? WHERE {_HELD}",
             (
                 now,
-                now + ttl,
                 response.status,
-                json.dumps(response.headers),
+                orjson.dumps(response.headers),
                 response.body,
-                json.dumps(dict(usage)) if usage is not None else None,
+                orjson.dumps(dict(usage)) if usage is not None else None,
                 cost_usd,
                 replays,
                 tenant,
