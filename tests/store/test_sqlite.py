@@ -39,3 +39,39 @@ def test_a_file_that_is_not_a_database_is_a_config_error(tmp_path: Path) -> None
 def test_unsupported_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError, match="--store"):
         open_store(url)
+
+
+async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    from payonce.errors import StoreTimeout
+
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=0.05)
+    claims = await asyncio.gather(
+        *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(5))
+    )
+    assert all(c.status is ClaimStatus.ACQUIRED for c in claims)
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    results = await asyncio.gather(
+        *(
+            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"))
+            for i, c in enumerate(claims)
+        ),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, StoreTimeout) for r in results)
+    locker.execute("ROLLBACK")
+    locker.close()
+    for i in range(5):
+        record = await store.get("t", f"k{i}")
+        assert record is not None and record.response is None, "nothing of a failed batch is kept"
+    done = await asyncio.gather(
+        *(
+            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"))
+            for i, c in enumerate(claims)
+        )
+    )
+    assert done == [True] * 5
+    await store.close()

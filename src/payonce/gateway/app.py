@@ -63,8 +63,9 @@ async def _send_response(
 
 
 async def _send_replay(send: Send, replay: CachedReplay) -> None:
-    await send(replay.start)
-    await send(replay.body)
+    start, body = replay.messages
+    await send(start)
+    await send(body)
 
 
 def _mismatch(key: str) -> FingerprintMismatch:

@@ -24,23 +24,29 @@ log = logging.getLogger("payonce.gateway")
 REPLAYED = (b"idempotent-replayed", b"true")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CachedReplay:
+    """A completed response; its ASGI messages are built on the first replay, then reused."""
+
     fingerprint: str
     expires_at: float
-    start: dict[str, object]  # the http.response.start message, headers included
-    body: dict[str, object]  # the http.response.body message
+    response: StoredResponse
+    _messages: tuple[dict[str, object], dict[str, object]] | None = None
 
-
-def replay_messages(response: StoredResponse) -> tuple[dict[str, object], dict[str, object]]:
-    """The two ASGI messages that replay a stored response."""
-    headers = [
-        (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
-    ]
-    headers.append(REPLAYED)
-    headers.append((b"content-length", str(len(response.body)).encode()))
-    start = {"type": "http.response.start", "status": response.status, "headers": headers}
-    return start, {"type": "http.response.body", "body": response.body}
+    @property
+    def messages(self) -> tuple[dict[str, object], dict[str, object]]:
+        """``http.response.start`` (headers included) and ``http.response.body``."""
+        if self._messages is None:
+            response = self.response
+            headers = [
+                (name.encode("latin-1"), value.encode("latin-1"))
+                for name, value in response.headers
+            ]
+            headers.append(REPLAYED)
+            headers.append((b"content-length", str(len(response.body)).encode()))
+            start = {"type": "http.response.start", "status": response.status, "headers": headers}
+            self._messages = (start, {"type": "http.response.body", "body": response.body})
+        return self._messages
 
 
 class ReplayCache:
@@ -66,8 +72,7 @@ class ReplayCache:
         self, tenant: str, key: str, fingerprint: str, expires_at: float, response: StoredResponse
     ) -> CachedReplay:
         """Remember a completed response; return the entry (cached or not, if too big)."""
-        start, body = replay_messages(response)
-        entry = CachedReplay(fingerprint, expires_at, start, body)
+        entry = CachedReplay(fingerprint, expires_at, response)
         size = len(response.body)
         # A few huge bodies must not flush everything else.
         if self._max_bytes == 0 or size > self._max_bytes // 8:
@@ -83,7 +88,7 @@ class ReplayCache:
     def _drop(self, name: tuple[str, str]) -> None:
         entry = self._entries.pop(name, None)
         if entry is not None:
-            self._bytes -= len(entry.body["body"])  # type: ignore[arg-type]
+            self._bytes -= len(entry.response.body)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -20,11 +20,37 @@ they need not be ordered.
 from __future__ import annotations
 
 import enum
+import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Claim", "ClaimStatus", "Record", "RecordState", "Store", "StoredResponse"]
+__all__ = [
+    "Claim",
+    "ClaimStatus",
+    "Record",
+    "RecordState",
+    "Store",
+    "StoredResponse",
+    "new_token",
+]
+
+_tokens = random.Random()  # seeded from os.urandom once; see new_token
+# Forked workers must not share a token sequence: two takeovers of one key
+# with equal tokens would defeat fencing.
+os.register_at_fork(after_in_child=_tokens.seed)
+
+
+def new_token() -> str:
+    """A fresh fencing token: 64 random bits as hex.
+
+    Tokens only need to be unique among the claims of one key, and nobody gains
+    by guessing one (the store checks them, clients never see them), so a
+    ``random.Random`` seeded from the OS (again in every forked child) is
+    enough and spares a syscall per claim.
+    """
+    return f"{_tokens.getrandbits(64):016x}"
 
 
 class RecordState(enum.Enum):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections.abc import Mapping
 
 from payonce.clock import Clock, SystemClock
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse
+from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
 from payonce.store.waiters import Waiters
 
 __all__ = ["MemoryStore"]
@@ -49,7 +48,7 @@ class MemoryStore:
             key=key,
             fingerprint=fingerprint,
             state=RecordState.IN_PROGRESS,
-            token=secrets.token_hex(8),
+            token=new_token(),
             created_at=now,
             lease_expires_at=now + lease,
             expires_at=now + ttl,

@@ -6,14 +6,14 @@ this project's machines (docs/benchmarks.md). WAL mode lets readers proceed whil
 one writer commits; ``synchronous=NORMAL`` keeps a process crash safe (an OS
 crash may lose the last commits, which only means a retry runs again).
 
-Every state change is a single statement in autocommit mode, hence atomic
-across processes too.
+Every state change is a single statement, hence atomic across processes too.
+Writes submitted in the same event-loop turn share one transaction
+(:mod:`payonce.store.group_commit`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -24,7 +24,8 @@ import orjson
 
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse
+from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.group_commit import GroupCommit
 from payonce.store.waiters import Waiters
 
 __all__ = ["SQLiteStore"]
@@ -146,6 +147,10 @@ class SQLiteStore:
             raise ConfigError(
                 f"--store: {path} was written by a newer payonce (schema {row[0]}); upgrade payonce"
             )
+        self._writes = GroupCommit(self._db, _translate)
+
+    async def _write(self, sql: str, params: Any, *, fetch: bool = False) -> Any:
+        return await self._writes.submit(sql, params, fetch=fetch)
 
     def _run(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         try:
@@ -159,7 +164,7 @@ class SQLiteStore:
         # The insert comes first: a new key is then one statement. Replays are
         # mostly answered from the gateway's replay cache without calling claim.
         now = self._clock.now()
-        token = secrets.token_hex(8)
+        token = new_token()
         params = {
             "tenant": tenant,
             "key": key,
@@ -169,7 +174,7 @@ class SQLiteStore:
             "lease_end": now + lease,
             "expires_at": now + ttl,
         }
-        if self._run(_CLAIM, params).fetchone() is not None:
+        if await self._write(_CLAIM, params, fetch=True) is not None:
             record = Record(
                 tenant=tenant,
                 key=key,
@@ -192,11 +197,11 @@ class SQLiteStore:
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
         now = self._clock.now()
-        cursor = self._run(
+        changed = await self._write(
             f"UPDATE payonce_records SET lease_expires_at = ? WHERE {_HELD}",
             (now + lease, tenant, key, token, now),
         )
-        return cursor.rowcount == 1
+        return bool(changed == 1)
 
     async def complete(
         self,
@@ -210,7 +215,7 @@ class SQLiteStore:
         replays: int = 0,
     ) -> bool:
         now = self._clock.now()
-        cursor = self._run(
+        changed = await self._write(
             "UPDATE payonce_records SET state = 'completed', completed_at = ?,"
             " status = ?, headers = ?, body = ?, usage = ?, cost_usd = ?,"
             f" replays = replays + ? WHERE {_HELD}",
@@ -228,33 +233,32 @@ class SQLiteStore:
                 now,
             ),
         )
-        if cursor.rowcount == 1:
+        if changed == 1:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
 
     async def release(self, tenant: str, key: str, token: str) -> bool:
-        cursor = self._run(
+        changed = await self._write(
             f"DELETE FROM payonce_records WHERE {_HELD}", (tenant, key, token, self._clock.now())
         )
-        if cursor.rowcount == 1:
+        if changed == 1:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
-        rows = [(count, tenant, key) for (tenant, key), count in counts.items()]
-        if not rows:
-            return
-        try:
-            with self._db:  # one transaction for the whole batch
-                self._db.executemany(
-                    "UPDATE payonce_records SET replays = replays + ?"
-                    " WHERE tenant = ? AND key = ? AND state = 'completed'",
-                    rows,
-                )
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+        # Submitted together, so the group commit makes them one transaction.
+        updates = [
+            self._write(
+                "UPDATE payonce_records SET replays = replays + ?"
+                " WHERE tenant = ? AND key = ? AND state = 'completed'",
+                (count, tenant, key),
+            )
+            for (tenant, key), count in counts.items()
+        ]
+        if updates:
+            await asyncio.gather(*updates)
 
     async def get(self, tenant: str, key: str) -> Record | None:
         row = self._run(
