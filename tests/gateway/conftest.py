@@ -10,44 +10,9 @@ import httpx2 as httpx
 import pytest
 
 from tests.support.processes import Process, start_payonce
+from tests.support.sim import Sim
 
-
-class Sim:
-    """The simulated provider and its billing ledger."""
-
-    def __init__(self, process: Process) -> None:
-        self.process = process
-        self.url = process.url
-
-    def ledger(self) -> dict[str, Any]:
-        return httpx.get(self.url + "/_sim/ledger", timeout=10).json()
-
-    def billed(self) -> int:
-        return int(self.ledger()["billed"])
-
-    def requests(self) -> int:
-        return int(self.ledger()["requests"])
-
-    def reset(self) -> None:
-        httpx.delete(self.url + "/_sim/ledger", timeout=10).raise_for_status()
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    log_dir = tmp_path_factory.mktemp("sim")
-    process = start_payonce(
-        ["sim", "--latency", "fixed:0", "--seed", "7"], log_dir=log_dir, ready_path="/_sim/health"
-    )
-    try:
-        yield Sim(process)
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-def fresh_sim(sim: Sim) -> Sim:
-    sim.reset()
-    return sim
+__all__ = ["AUTH", "CHAT", "GatewayFactory", "Sim", "chat"]
 
 
 GatewayFactory = Callable[..., Process]
