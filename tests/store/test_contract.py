@@ -181,3 +181,70 @@ async def test_responses_round_trip_bytes_and_header_order(store: Store) -> None
     await store.complete("t", "k", token, StoredResponse(201, headers, body))
     record = await store.get("t", "k")
     assert record is not None and record.response == StoredResponse(201, headers, body)
+
+
+async def test_a_stream_is_recorded_event_by_event_and_completed(store: Store) -> None:
+    _, token = await claim(store)
+    headers = (("content-type", "text/event-stream"),)
+    assert await store.begin_stream("t", "k", token, 200, headers)
+    assert await store.append_events("t", "k", token, 1, [b"data: 1\n\n", b"data: 2\n\n"])
+    assert await store.append_events("t", "k", token, 3, [b"data: 3\n\n"])
+    running = await store.get("t", "k")
+    assert running is not None and running.state is RecordState.IN_PROGRESS
+    assert running.streaming and running.events == 3
+    assert await store.read_events("t", "k") == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
+    assert await store.read_events("t", "k", after=2) == [b"data: 3\n\n"]
+    assert await store.complete("t", "k", token, StoredResponse(200, headers, b"", stream=True))
+    done = await store.get("t", "k")
+    assert done is not None and done.state is RecordState.COMPLETED
+    assert done.streaming and done.events == 3 and done.response is not None
+    assert done.response.headers == headers
+    assert len(await store.read_events("t", "k")) == 3
+
+
+async def test_a_stale_holder_cannot_write_into_a_new_holders_stream(
+    store: Store, clock: ManualClock
+) -> None:
+    _, old = await claim(store)
+    assert await store.begin_stream("t", "k", old, 200, ())
+    assert await store.append_events("t", "k", old, 1, [b"old 1", b"old 2"])
+    clock.advance(LEASE + 1)
+    status, new = await claim(store)
+    assert status is ClaimStatus.ACQUIRED
+    assert await store.begin_stream("t", "k", new, 200, ())
+    assert await store.read_events("t", "k") == [], "the new holder starts with no events"
+    assert not await store.append_events("t", "k", old, 3, [b"old 3"])
+    assert not await store.begin_stream("t", "k", old, 200, ())
+    assert await store.append_events("t", "k", new, 1, [b"new 1"])
+    assert await store.read_events("t", "k") == [b"new 1"]
+
+
+async def test_releasing_or_expiring_a_stream_drops_its_events(
+    store: Store, clock: ManualClock
+) -> None:
+    _, token = await claim(store, key="released")
+    await store.begin_stream("t", "released", token, 200, ())
+    await store.append_events("t", "released", token, 1, [b"x"])
+    assert await store.release("t", "released", token)
+    assert await store.read_events("t", "released") == []
+    _, token = await claim(store, key="expired")
+    await store.begin_stream("t", "expired", token, 200, ())
+    await store.append_events("t", "expired", token, 1, [b"y"])
+    await store.complete("t", "expired", token, StoredResponse(200, (), b"", stream=True))
+    clock.advance(TTL + 1)
+    await store.purge_expired()
+    assert await store.read_events("t", "expired") == []
+
+
+async def test_wait_wakes_up_on_new_events(store: Store) -> None:
+    _, token = await claim(store)
+    await store.begin_stream("t", "k", token, 200, ())
+
+    async def produce() -> None:
+        await asyncio.sleep(0.05)
+        await store.append_events("t", "k", token, 1, [b"e"])
+
+    task = asyncio.create_task(produce())
+    record = await asyncio.wait_for(store.wait("t", "k", timeout=5), 3)
+    await task
+    assert record is not None and record.events == 1

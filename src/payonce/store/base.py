@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,11 +67,17 @@ class ClaimStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """An upstream response as it will be replayed. Never holds request headers."""
+    """An upstream response as it will be replayed. Never holds request headers.
+
+    A streamed response (``stream``) has no body: its server-sent events are
+    recorded one by one (:meth:`Store.append_events`) and read back with
+    :meth:`Store.read_events`.
+    """
 
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,12 @@ class Record:
     replays: int = 0
     usage: Mapping[str, int] | None = None
     cost_usd: float | None = None
+    events: int = 0  # events recorded so far, for a streamed response
+
+    @property
+    def streaming(self) -> bool:
+        """A stream has begun (its status and headers are known), finished or not."""
+        return self.response is not None and self.response.stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +133,25 @@ class Store(Protocol):
         per replay would double its cost). MISMATCH when the fingerprint
         differs. IN_PROGRESS otherwise.
         """
+        ...
+
+    async def begin_stream(
+        self, tenant: str, key: str, token: str, status: int, headers: tuple[tuple[str, str], ...]
+    ) -> bool:
+        """Record the status and headers of a streamed response that is starting.
+
+        Clears events a previous holder of the key may have left.
+        """
+        ...
+
+    async def append_events(
+        self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
+    ) -> bool:
+        """Record events numbered ``first``, ``first + 1``, ... (numbers start at 1)."""
+        ...
+
+    async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
+        """The recorded events numbered above ``after``, in order."""
         ...
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
@@ -158,7 +189,8 @@ class Store(Protocol):
         ...
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
-        """Return once the record is completed, gone, or its lease ran out; or at ``timeout``."""
+        """Return once the record is completed, gone, its lease ran out or it recorded new
+        events; or at ``timeout``."""
         ...
 
     async def purge_expired(self) -> int:

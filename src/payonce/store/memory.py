@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from payonce.clock import Clock, SystemClock
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
@@ -22,12 +22,14 @@ class MemoryStore:
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
         self._records: dict[tuple[str, str], Record] = {}
+        self._events: dict[tuple[str, str], list[bytes]] = {}
         self._waiters = Waiters()
 
     def _live(self, tenant: str, key: str) -> Record | None:
         record = self._records.get((tenant, key))
         if record is not None and record.expires_at <= self._clock.now():
             del self._records[(tenant, key)]
+            self._events.pop((tenant, key), None)
             return None
         return record
 
@@ -54,6 +56,7 @@ class MemoryStore:
             expires_at=now + ttl,
         )
         self._records[(tenant, key)] = record
+        self._events.pop((tenant, key), None)
         return Claim(ClaimStatus.ACQUIRED, record)
 
     def _held(self, tenant: str, key: str, token: str) -> Record | None:
@@ -91,6 +94,7 @@ class MemoryStore:
             response=response,
             completed_at=now,
             usage=dict(usage) if usage is not None else None,
+            events=len(self._events.get((tenant, key), ())) if response.stream else 0,
             cost_usd=cost_usd,
             replays=record.replays + replays,
         )
@@ -101,8 +105,38 @@ class MemoryStore:
         if self._held(tenant, key, token) is None:
             return False
         del self._records[(tenant, key)]
+        self._events.pop((tenant, key), None)
         self._waiters.notify(f"{tenant}\x00{key}")
         return True
+
+    async def begin_stream(
+        self, tenant: str, key: str, token: str, status: int, headers: tuple[tuple[str, str], ...]
+    ) -> bool:
+        record = self._held(tenant, key, token)
+        if record is None:
+            return False
+        head = StoredResponse(status, headers, b"", stream=True)
+        self._records[(tenant, key)] = dataclasses.replace(record, response=head, events=0)
+        self._events[(tenant, key)] = []
+        return True
+
+    async def append_events(
+        self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
+    ) -> bool:
+        record = self._held(tenant, key, token)
+        if record is None:
+            return False
+        recorded = self._events.setdefault((tenant, key), [])
+        del recorded[first - 1 :]
+        recorded.extend(events)
+        self._records[(tenant, key)] = dataclasses.replace(record, events=len(recorded))
+        self._waiters.notify(f"{tenant}\x00{key}")
+        return True
+
+    async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
+        if self._live(tenant, key) is None:
+            return []
+        return self._events.get((tenant, key), [])[after:]
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
         for (tenant, key), count in counts.items():
@@ -129,6 +163,7 @@ class MemoryStore:
         expired = [name for name, record in self._records.items() if record.expires_at <= now]
         for name in expired:
             del self._records[name]
+            self._events.pop(name, None)
         return len(expired)
 
     async def ping(self) -> None:
@@ -136,3 +171,4 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._records.clear()
+        self._events.clear()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from payonce.store.waiters import Waiters
 
 __all__ = ["SQLiteStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS payonce_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS payonce_records (
@@ -49,13 +49,28 @@ CREATE TABLE IF NOT EXISTS payonce_records (
     replays INTEGER NOT NULL DEFAULT 0,
     usage TEXT,
     cost_usd REAL,
+    stream INTEGER NOT NULL DEFAULT 0,
+    events INTEGER NOT NULL DEFAULT 0,
     UNIQUE (tenant, key)
 );
 CREATE INDEX IF NOT EXISTS payonce_records_expiry ON payonce_records (expires_at);
+CREATE TABLE IF NOT EXISTS payonce_events (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (tenant, key, seq)
+) WITHOUT ROWID;
+"""
+# Schema 1 (before streaming) lacks the stream columns; the events table is
+# created by _SCHEMA itself.
+_MIGRATE_FROM_1 = """
+ALTER TABLE payonce_records ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE payonce_records ADD COLUMN events INTEGER NOT NULL DEFAULT 0;
 """
 _COLUMNS = (
     "tenant, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,"
-    " completed_at, status, headers, body, replays, usage, cost_usd"
+    " completed_at, status, headers, body, replays, usage, cost_usd, stream, events"
 )
 # Insert a new claim, or take over a record that expired or whose holder's
 # lease ran out (same fingerprint only: a different request must get 422).
@@ -67,7 +82,7 @@ ON CONFLICT (tenant, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, state = 'in_progress', token = excluded.token,
     created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at, completed_at = NULL, status = NULL, headers = NULL,
-    body = NULL, replays = 0, usage = NULL, cost_usd = NULL
+    body = NULL, replays = 0, usage = NULL, cost_usd = NULL, stream = 0, events = 0
 WHERE payonce_records.expires_at <= :now
    OR (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at <= :now
        AND payonce_records.fingerprint = excluded.fingerprint)
@@ -78,11 +93,11 @@ _HELD = "tenant = ? AND key = ? AND token = ? AND state = 'in_progress' AND expi
 
 def _record(row: tuple[Any, ...]) -> Record:
     (tenant, key, fingerprint, state, token, created_at, lease_end, expires_at, completed_at,
-     status, headers, body, replays, usage, cost_usd) = row  # fmt: skip
+     status, headers, body, replays, usage, cost_usd, stream, events) = row  # fmt: skip
     response = None
     if status is not None:
         pairs = tuple((str(name), str(value)) for name, value in orjson.loads(headers))
-        response = StoredResponse(status=status, headers=pairs, body=bytes(body))
+        response = StoredResponse(status, pairs, bytes(body or b""), stream=bool(stream))
     return Record(
         tenant=tenant,
         key=key,
@@ -97,6 +112,7 @@ def _record(row: tuple[Any, ...]) -> Record:
         replays=replays,
         usage=orjson.loads(usage) if usage else None,
         cost_usd=cost_usd,
+        events=events,
     )
 
 
@@ -130,10 +146,21 @@ class SQLiteStore:
             )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            row = (
+                self._db.execute(
+                    "SELECT value FROM payonce_meta WHERE name = 'schema_version'"
+                ).fetchone()
+                if self._has_meta()
+                else None
+            )
+            if row is not None and int(row[0]) == 1:
+                self._db.executescript(_MIGRATE_FROM_1)
+                self._db.execute(
+                    "UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
+                )
+                row = (str(SCHEMA_VERSION),)
             self._db.executescript(_SCHEMA)
-            row = self._db.execute(
-                "SELECT value FROM payonce_meta WHERE name = 'schema_version'"
-            ).fetchone()
         except sqlite3.DatabaseError as exc:
             raise ConfigError(
                 f"--store: cannot use {path} as a payonce SQLite store: {exc}"
@@ -148,6 +175,14 @@ class SQLiteStore:
                 f"--store: {path} was written by a newer payonce (schema {row[0]}); upgrade payonce"
             )
         self._writes = GroupCommit(self._db, _translate)
+
+    def _has_meta(self) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'payonce_meta'"
+            ).fetchone()
+            is not None
+        )
 
     async def _write(self, sql: str, params: Any, *, fetch: bool = False) -> Any:
         return await self._writes.submit(sql, params, fetch=fetch)
@@ -217,7 +252,7 @@ class SQLiteStore:
         now = self._clock.now()
         changed = await self._write(
             "UPDATE payonce_records SET state = 'completed', completed_at = ?,"
-            " status = ?, headers = ?, body = ?, usage = ?, cost_usd = ?,"
+            " status = ?, headers = ?, body = ?, usage = ?, cost_usd = ?, stream = ?,"
             f" replays = replays + ? WHERE {_HELD}",
             (
                 now,
@@ -226,6 +261,7 @@ class SQLiteStore:
                 response.body,
                 orjson.dumps(dict(usage)) if usage is not None else None,
                 cost_usd,
+                int(response.stream),
                 replays,
                 tenant,
                 key,
@@ -239,13 +275,71 @@ class SQLiteStore:
         return False
 
     async def release(self, tenant: str, key: str, token: str) -> bool:
-        changed = await self._write(
+        # Submitted together, so one transaction: the events go only if the record did.
+        deleted = self._write(
             f"DELETE FROM payonce_records WHERE {_HELD}", (tenant, key, token, self._clock.now())
         )
+        orphans = self._write(
+            "DELETE FROM payonce_events WHERE tenant = ? AND key = ? AND NOT EXISTS"
+            " (SELECT 1 FROM payonce_records WHERE tenant = ? AND key = ?)",
+            (tenant, key, tenant, key),
+        )
+        changed, _ = await asyncio.gather(deleted, orphans)
         if changed == 1:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
+
+    async def begin_stream(
+        self, tenant: str, key: str, token: str, status: int, headers: tuple[tuple[str, str], ...]
+    ) -> bool:
+        now = self._clock.now()
+        held = self._write(
+            "UPDATE payonce_records SET status = ?, headers = ?, body = NULL, stream = 1,"
+            f" events = 0 WHERE {_HELD}",
+            (status, orjson.dumps(headers), tenant, key, token, now),
+        )
+        # A previous holder's events go, but only if this holder's update held.
+        cleared = self._write(
+            "DELETE FROM payonce_events WHERE tenant = ? AND key = ? AND EXISTS"
+            " (SELECT 1 FROM payonce_records WHERE tenant = ? AND key = ? AND token = ?)",
+            (tenant, key, tenant, key, token),
+        )
+        changed, _ = await asyncio.gather(held, cleared)
+        return bool(changed == 1)
+
+    async def append_events(
+        self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
+    ) -> bool:
+        last = first + len(events) - 1
+        now = self._clock.now()
+        held = self._write(
+            f"UPDATE payonce_records SET events = MAX(events, ?) WHERE {_HELD}",
+            (last, tenant, key, token, now),
+        )
+        # Each insert checks the token itself: a writer whose lease passed to
+        # another holder must not add to the new holder's stream.
+        inserts = [
+            self._write(
+                "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM payonce_records"
+                f" WHERE {_HELD})",
+                (tenant, key, first + offset, data, tenant, key, token, now),
+            )
+            for offset, data in enumerate(events)
+        ]
+        changed, *_ = await asyncio.gather(held, *inserts)
+        if changed == 1:
+            self._waiters.notify(f"{tenant}\x00{key}")
+            return True
+        return False
+
+    async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
+        rows = self._run(
+            "SELECT data FROM payonce_events WHERE tenant = ? AND key = ? AND seq > ? ORDER BY seq",
+            (tenant, key, after),
+        ).fetchall()
+        return [bytes(row[0]) for row in rows]
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
         # Submitted together, so the group commit makes them one transaction.
@@ -272,9 +366,14 @@ class SQLiteStore:
         # Writers in this process wake us at once; writers in other processes
         # (``serve --workers``) are seen by polling, at most poll_interval late.
         deadline = time.monotonic() + timeout
+        seen_events: int | None = None
         while True:
             record = await self.get(tenant, key)
             if record is None or record.state is RecordState.COMPLETED:
+                return record
+            if seen_events is None:
+                seen_events = record.events
+            elif record.events != seen_events:
                 return record
             now = self._clock.now()
             if record.lease_expires_at <= now:
@@ -287,9 +386,13 @@ class SQLiteStore:
             await asyncio.sleep(0)
 
     async def purge_expired(self) -> int:
-        cursor = self._run(
-            "DELETE FROM payonce_records WHERE expires_at <= ?", (self._clock.now(),)
+        now = self._clock.now()
+        self._run(
+            "DELETE FROM payonce_events WHERE (tenant, key) IN"
+            " (SELECT tenant, key FROM payonce_records WHERE expires_at <= ?)",
+            (now,),
         )
+        cursor = self._run("DELETE FROM payonce_records WHERE expires_at <= ?", (now,))
         return cursor.rowcount
 
     async def ping(self) -> None:
