@@ -29,6 +29,8 @@ def payonce_sim(*args: str) -> subprocess.CompletedProcess[str]:
         (["--latency", "lognormal:p50=abc"], "--latency"),
         (["--fail", "500:2"], "--fail"),
         (["--port", "http"], "--port"),
+        (["--token-rate", "50"], "--token-rate"),
+        (["--die-mid-stream", "often"], "--die-mid-stream"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
@@ -57,6 +59,13 @@ def test_bad_flag_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
         (["--port", "0"], "--port"),
         (["--port", "65536"], "--port"),
         (["--host", ""], "--host"),
+        (["--token-rate", "fast"], "--token-rate"),
+        (["--token-rate", "50"], "--token-rate"),
+        (["--token-rate", "-1/s"], "--token-rate"),
+        (["--token-rate", "50/min"], "--token-rate"),
+        (["--die-mid-stream", "often"], "--die-mid-stream"),
+        (["--die-mid-stream", "1.5"], "--die-mid-stream"),
+        (["--die-mid-stream", "-0.1"], "--die-mid-stream"),
     ],
 )
 def test_every_bad_value_names_its_flag(args: list[str], flag: str) -> None:
@@ -95,6 +104,11 @@ def test_help_shows_flags_and_defaults() -> None:
         "lognormal:p50=1s,p99=10s",
         "--fail",
         "--drop-after-compute",
+        "--token-rate",
+        "50/s",
+        "--die-mid-stream",
+        "X-Sim-Token-Ms",
+        "X-Sim-Die-After",
         "--seed",
         "--ledger",
         "8100",

@@ -10,12 +10,14 @@ from payonce.errors import ConfigError
 from payonce.sim.config import (
     DEFAULT_LATENCY,
     SimConfig,
+    describe_token_interval,
     parse_duration,
     parse_failures,
     parse_latency,
     parse_port,
     parse_rate,
     parse_seed,
+    parse_token_rate,
 )
 from payonce.sim.faults import FaultPlan
 from payonce.sim.latency import FixedLatency, LogNormalLatency
@@ -133,6 +135,8 @@ def test_config_from_flags_defaults() -> None:
     assert config.drop_after_compute == 0.0
     assert config.seed is None
     assert config.ledger_path is None
+    assert config.token_interval == pytest.approx(0.02)  # 50/s
+    assert config.die_mid_stream == 0.0
 
 
 def test_config_from_flags_parses_everything() -> None:
@@ -144,6 +148,8 @@ def test_config_from_flags_parses_everything() -> None:
         drop_after_compute="0.2",
         seed="42",
         ledger="bill.csv",
+        token_rate="100/s",
+        die_mid_stream="0.3",
     )
     assert config == SimConfig(
         host="0.0.0.0",
@@ -153,6 +159,8 @@ def test_config_from_flags_parses_everything() -> None:
         drop_after_compute=0.2,
         seed=42,
         ledger_path=Path("bill.csv"),
+        token_interval=0.01,
+        die_mid_stream=0.3,
     )
 
 
@@ -166,6 +174,8 @@ def test_config_from_flags_parses_everything() -> None:
         ({"drop_after_compute": "2"}, "--drop-after-compute"),
         ({"seed": "x"}, "--seed"),
         ({"ledger": ""}, "--ledger"),
+        ({"token_rate": "fast"}, "--token-rate"),
+        ({"die_mid_stream": "2"}, "--die-mid-stream"),
     ],
 )
 def test_config_from_flags_names_the_bad_flag(flags: dict[str, str], flag: str) -> None:
@@ -177,3 +187,37 @@ def test_config_is_frozen() -> None:
     config = SimConfig()
     with pytest.raises(AttributeError):
         config.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "interval"),
+    [
+        ("50/s", 0.02),
+        ("1/s", 1.0),
+        ("12.5/s", 0.08),
+        (" 1000/s ", 0.001),
+        ("0", 0.0),
+        ("0/s", 0.0),
+        ("inf", 0.0),
+        ("INF", 0.0),
+    ],
+)
+def test_token_rates(text: str, interval: float) -> None:
+    assert parse_token_rate(text) == pytest.approx(interval)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "fast", "50", "50/min", "-5/s", "/s", "nan", "1e3/s", "0.001/s", "9" * 400 + "/s"]
+)
+def test_bad_token_rates_name_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--token-rate: ") as caught:
+        parse_token_rate(text)
+    assert "\n" not in str(caught.value)
+
+
+def test_described_token_rate_parses_back_to_itself() -> None:
+    for text in ("50/s", "12.5/s", "inf"):
+        interval = parse_token_rate(text)
+        assert describe_token_interval(interval) == text
+        assert parse_token_rate(describe_token_interval(interval)) == interval
+    assert describe_token_interval(0.0) == "inf"

@@ -9,7 +9,13 @@ from __future__ import annotations
 import click
 
 from payonce.errors import ConfigError
-from payonce.sim.config import DEFAULT_HOST, DEFAULT_LATENCY, DEFAULT_PORT, SimConfig
+from payonce.sim.config import (
+    DEFAULT_HOST,
+    DEFAULT_LATENCY,
+    DEFAULT_PORT,
+    DEFAULT_TOKEN_RATE,
+    SimConfig,
+)
 
 __all__ = ["sim_command"]
 
@@ -28,8 +34,16 @@ class _ConfigExit(click.ClickException):
     default=DEFAULT_LATENCY,
     show_default=True,
     metavar="MODEL",
-    help="Generation time: fixed:<duration> or lognormal:p50=<duration>,p99=<duration>; "
-    "durations like 0, 250ms, 2s.",
+    help="Generation time (for a stream: time to first token): fixed:<duration> or "
+    "lognormal:p50=<duration>,p99=<duration>; durations like 0, 250ms, 2s.",
+)
+@click.option(
+    "--token-rate",
+    default=DEFAULT_TOKEN_RATE,
+    show_default=True,
+    metavar="N/s",
+    help="Streams: tokens per second, one content event each, after the --latency; "
+    "0 or inf: no pacing.",
 )
 @click.option(
     "--fail",
@@ -43,7 +57,15 @@ class _ConfigExit(click.ClickException):
     default="0",
     show_default=True,
     metavar="RATE",
-    help="Fraction of generations billed and then dropped without a response.",
+    help="Fraction of generations billed and then dropped without a response "
+    "(a stream: without its terminating event).",
+)
+@click.option(
+    "--die-mid-stream",
+    default="0",
+    show_default=True,
+    metavar="RATE",
+    help="Fraction of streams cut at a random event before the terminating one; not billed.",
 )
 @click.option("--seed", default=None, metavar="N", help="Seed for repeatable runs.")
 @click.option(
@@ -56,15 +78,21 @@ def sim_command(
     host: str,
     port: str,
     latency: str,
+    token_rate: str,
     fail: str,
     drop_after_compute: str,
+    die_mid_stream: str,
     seed: str | None,
     ledger: str | None,
 ) -> None:
     """Run a simulated LLM provider (OpenAI and Anthropic APIs) that bills like a real one.
 
     Every generation that finishes is billed, even when the client has gone; read the
-    bill at GET /_sim/ledger. Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop.
+    bill at GET /_sim/ledger.
+
+    \b
+    Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop;
+    for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After.
     """
     try:
         config = SimConfig.from_flags(
@@ -75,6 +103,8 @@ def sim_command(
             drop_after_compute=drop_after_compute,
             seed=seed,
             ledger=ledger,
+            token_rate=token_rate,
+            die_mid_stream=die_mid_stream,
         )
         # Imported here so that `payonce --help` and other commands do not pay for
         # importing aiohttp.

@@ -6,6 +6,10 @@ that names the flag (``--latency: ...``), which the CLI prints and exits 2 with.
 Durations are a number and a unit, ``ms`` or ``s`` (``250ms``, ``2s``, ``1.5s``);
 a bare ``0`` is also accepted. A bare non-zero number is refused: it is the classic
 milliseconds-or-seconds mistake, and guessing would make a run silently wrong.
+
+Token rates (``--token-rate``) are a number of tokens per second, ``50/s`` or
+``12.5/s``; ``0`` and ``inf`` mean no pacing (every token at once). A bare non-zero
+number is refused for the same reason as a bare duration.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_LATENCY",
     "DEFAULT_PORT",
+    "DEFAULT_TOKEN_RATE",
     "SimConfig",
+    "describe_token_interval",
     "parse_duration",
     "parse_failures",
     "parse_latency",
     "parse_port",
     "parse_rate",
     "parse_seed",
+    "parse_token_rate",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -38,6 +45,8 @@ DEFAULT_PORT = 8100
 # faster than a typical hosted model so a demo does not drag, yet about 5% of calls
 # outlast a 5 s read timeout, enough to see a timed-out call billed anyway.
 DEFAULT_LATENCY = "lognormal:p50=1s,p99=10s"
+# Streams only: about what a hosted model streams at, so a demo stream visibly flows.
+DEFAULT_TOKEN_RATE = "50/s"  # noqa: S105 (a rate, not a secret)
 
 _DURATION = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s)?")
 
@@ -101,6 +110,38 @@ def parse_rate(text: str, *, flag: str) -> float:
     return rate
 
 
+# A slower stream is certainly a mistake, and would pin a handler for hours.
+_MAX_TOKEN_SECONDS = 60.0
+_TOKEN_RATE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>/s)?")
+
+
+def parse_token_rate(text: str, *, flag: str = "--token-rate") -> float:
+    """``50/s`` -> 0.02, the seconds between two streamed tokens; ``0`` or ``inf`` -> 0.0."""
+    value = text.strip().lower()
+    if value in ("inf", "inf/s"):
+        return 0.0
+    match = _TOKEN_RATE.fullmatch(value)
+    if match is None:
+        raise ConfigError(f"{flag}: {text!r} is not a token rate (examples: 50/s, 0, inf)")
+    rate = float(match["number"])
+    if rate == 0:
+        return 0.0
+    if match["unit"] is None:
+        raise ConfigError(f"{flag}: {text!r} needs a unit, /s (for example {value}/s)")
+    if not math.isfinite(rate):
+        raise ConfigError(f"{flag}: {text!r} is too large (use inf for no pacing)")
+    if rate < 1 / _MAX_TOKEN_SECONDS:
+        raise ConfigError(f"{flag}: {text!r} is slower than one token a minute")
+    return 1.0 / rate
+
+
+def describe_token_interval(seconds: float) -> str:
+    """The seconds between tokens in ``--token-rate`` syntax (``50/s``; ``inf`` for none)."""
+    if seconds == 0:
+        return "inf"
+    return f"{1.0 / seconds:g}/s"
+
+
 def parse_failures(text: str, *, flag: str = "--fail") -> FaultPlan:
     """``500:0.05,429:0.02`` (status:rate pairs); ``none`` or empty for no failures."""
     if text.strip().lower() in ("", "none"):
@@ -146,7 +187,8 @@ class SimConfig:
 
     ``seed=None`` seeds from the operating system (a different run each time).
     ``ledger_path`` is the CSV billing export, appended to; ``None`` keeps the
-    ledger in memory only.
+    ledger in memory only. ``token_interval`` is the seconds between two streamed
+    tokens (0: no pacing); ``die_mid_stream`` the fraction of streams that die.
     """
 
     host: str = DEFAULT_HOST
@@ -156,12 +198,18 @@ class SimConfig:
     drop_after_compute: float = 0.0
     seed: int | None = None
     ledger_path: Path | None = None
+    token_interval: float = field(default_factory=lambda: parse_token_rate(DEFAULT_TOKEN_RATE))
+    die_mid_stream: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop_after_compute <= 1.0:
             raise ConfigError(
                 f"--drop-after-compute: {self.drop_after_compute} is not between 0 and 1"
             )
+        if not 0.0 <= self.die_mid_stream <= 1.0:
+            raise ConfigError(f"--die-mid-stream: {self.die_mid_stream} is not between 0 and 1")
+        if not (math.isfinite(self.token_interval) and self.token_interval >= 0):
+            raise ConfigError(f"--token-rate: bad token interval {self.token_interval}")
 
     @classmethod
     def from_flags(
@@ -174,6 +222,8 @@ class SimConfig:
         drop_after_compute: str = "0",
         seed: str | None = None,
         ledger: str | None = None,
+        token_rate: str = DEFAULT_TOKEN_RATE,
+        die_mid_stream: str = "0",
     ) -> SimConfig:
         """Parse the CLI's flag strings; raises :class:`ConfigError` on the first bad one."""
         if not host.strip():
@@ -188,4 +238,6 @@ class SimConfig:
             drop_after_compute=parse_rate(drop_after_compute, flag="--drop-after-compute"),
             seed=None if seed is None else parse_seed(seed),
             ledger_path=None if ledger is None else Path(ledger),
+            token_interval=parse_token_rate(token_rate),
+            die_mid_stream=parse_rate(die_mid_stream, flag="--die-mid-stream"),
         )

@@ -1,15 +1,24 @@
 """Per-request control headers, so one test can force one outcome.
 
-=================  =====================================================================
-header             effect on this request
-=================  =====================================================================
-``X-Sim-Delay-Ms`` generation time in milliseconds, instead of a ``--latency`` sample
-``X-Sim-Fail``     answer this status (400-599) before any work; not billed
-``X-Sim-Drop``     ``1``/``true``: bill, then close the connection without a response;
-                   ``0``/``false``: never drop, whatever ``--drop-after-compute`` says
-=================  =====================================================================
+====================  ==================================================================
+header                effect on this request
+====================  ==================================================================
+``X-Sim-Delay-Ms``    generation time in milliseconds, instead of a ``--latency`` sample
+                      (for a stream: the time to the first event)
+``X-Sim-Fail``        answer this status (400-599) before any work; not billed
+``X-Sim-Drop``        ``1``/``true``: bill, then close the connection without a response
+                      (a stream: before its last event); ``0``/``false``: never drop,
+                      whatever ``--drop-after-compute`` says
+``X-Sim-Token-Ms``    streams: milliseconds between two tokens (0-60000; 0: no pacing),
+                      instead of ``--token-rate``
+``X-Sim-Die-After``   streams: the provider dies after sending this many events (an
+                      integer >= 0, at most all but the terminating one); the connection
+                      closes and nothing is billed. Overrides ``--die-mid-stream``
+====================  ==================================================================
 
 A bad header value is answered 400 (not billed), so a typo in a test fails loudly.
+The two stream headers are checked on every request but only act on streams: a
+non-streaming request has no tokens to pace and no events to die after.
 """
 
 from __future__ import annotations
@@ -21,14 +30,27 @@ from dataclasses import dataclass
 from payonce.sim.faults import validate_status
 from payonce.sim.provider_errors import BadRequest
 
-__all__ = ["DELAY_HEADER", "DROP_HEADER", "FAIL_HEADER", "NO_OVERRIDES", "Overrides"]
+__all__ = [
+    "DELAY_HEADER",
+    "DIE_AFTER_HEADER",
+    "DROP_HEADER",
+    "FAIL_HEADER",
+    "NO_OVERRIDES",
+    "TOKEN_MS_HEADER",
+    "Overrides",
+]
 
 DELAY_HEADER = "X-Sim-Delay-Ms"
 FAIL_HEADER = "X-Sim-Fail"
 DROP_HEADER = "X-Sim-Drop"
+TOKEN_MS_HEADER = "X-Sim-Token-Ms"  # noqa: S105 (a header name, not a secret)
+DIE_AFTER_HEADER = "X-Sim-Die-After"
+_HEADERS = (DELAY_HEADER, FAIL_HEADER, DROP_HEADER, TOKEN_MS_HEADER, DIE_AFTER_HEADER)
 
 # One hour: longer is certainly a mistake, and would pin a handler for ever.
 _MAX_DELAY_MS = 3_600_000.0
+# One minute per token: the same mistake, multiplied by every token of the answer.
+_MAX_TOKEN_MS = 60_000.0
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")
 
@@ -40,20 +62,28 @@ class Overrides:
     delay: float | None = None  # seconds
     fail_status: int | None = None
     drop: bool | None = None
+    token_interval: float | None = None  # seconds
+    die_after: int | None = None  # events
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Overrides:
         """Read the ``X-Sim-*`` headers (``headers`` must be case-insensitive)."""
-        delay_text = headers.get(DELAY_HEADER)
-        fail_text = headers.get(FAIL_HEADER)
-        drop_text = headers.get(DROP_HEADER)
+        delay_text, fail_text, drop_text, token_text, die_text = map(headers.get, _HEADERS)
         # The common case, on the benchmark path: no control header at all.
-        if delay_text is None and fail_text is None and drop_text is None:
+        if (
+            delay_text is None
+            and fail_text is None
+            and drop_text is None
+            and token_text is None
+            and die_text is None
+        ):
             return NO_OVERRIDES
         return cls(
             delay=None if delay_text is None else _delay(delay_text),
             fail_status=None if fail_text is None else _status(fail_text),
             drop=None if drop_text is None else _flag(drop_text),
+            token_interval=None if token_text is None else _token_interval(token_text),
+            die_after=None if die_text is None else _event_count(die_text),
         )
 
 
@@ -61,15 +91,31 @@ NO_OVERRIDES = Overrides()
 
 
 def _delay(text: str) -> float:
+    return _millis(text, DELAY_HEADER, _MAX_DELAY_MS) / 1000
+
+
+def _token_interval(text: str) -> float:
+    return _millis(text, TOKEN_MS_HEADER, _MAX_TOKEN_MS) / 1000
+
+
+def _millis(text: str, header: str, upper: float) -> float:
     try:
         millis = float(text)
     except ValueError:
         millis = math.nan
-    if not 0 <= millis <= _MAX_DELAY_MS:  # also refuses nan
-        raise BadRequest(
-            f"{DELAY_HEADER}: expected milliseconds 0-{_MAX_DELAY_MS:.0f}, got {text!r}"
-        )
-    return millis / 1000
+    if not 0 <= millis <= upper:  # also refuses nan
+        raise BadRequest(f"{header}: expected milliseconds 0-{upper:.0f}, got {text!r}")
+    return millis
+
+
+def _event_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise BadRequest(f"{DIE_AFTER_HEADER}: expected a number of events >= 0, got {text!r}")
+    return count
 
 
 def _status(text: str) -> int:

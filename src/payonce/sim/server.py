@@ -12,7 +12,7 @@ from aiohttp import web
 from payonce.clock import Clock
 from payonce.errors import ConfigError
 from payonce.sim.app import build_app
-from payonce.sim.config import SimConfig
+from payonce.sim.config import SimConfig, describe_token_interval
 
 __all__ = ["SHUTDOWN_SECONDS", "run", "serve"]
 
@@ -77,8 +77,10 @@ def _startup_line(config: SimConfig) -> str:
     parts = [
         f"payonce sim listening on http://{config.host}:{config.port}",
         f"latency {config.latency.describe()}",
+        f"token-rate {describe_token_interval(config.token_interval)}",
         f"fail {config.failures.describe()}",
         f"drop-after-compute {config.drop_after_compute:g}",
+        f"die-mid-stream {config.die_mid_stream:g}",
         f"seed {'random' if config.seed is None else config.seed}",
     ]
     if config.ledger_path is not None:
