@@ -161,6 +161,14 @@ def cli() -> None:
     " Keyed calls always continue, for the retry.",
 )
 @click.option(
+    "--inject-stream-usage/--no-inject-stream-usage",
+    envvar=_env("inject_stream_usage"),
+    default=True,
+    show_default=True,
+    help="Add stream_options.include_usage to OpenAI streams that lack it (and strip that"
+    " chunk before relaying), so every stream's cost is known.",
+)
+@click.option(
     "--connect-timeout",
     envvar=_env("connect_timeout"),
     type=Duration(),

@@ -72,6 +72,8 @@ class GatewaySettings:
     max_body: int = 10 * 1024 * 1024
     replay_cache: int = 64 * 1024 * 1024
     on_disconnect: str = "cancel"
+    # Ask OpenAI-style streams for their usage chunk (and strip it) so cost is known.
+    inject_stream_usage: bool = True
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     connect_retries: int = 2

@@ -32,7 +32,9 @@ def test_status_document_of_a_completed_request(gateway: Process, fresh_sim: Sim
         "replays",
         "usage",
         "cost_usd",
+        "events",
     }
+    assert doc["events"] is None, "not a stream"
     assert doc["key"] == "status-1"
     assert doc["state"] == "completed"
     assert doc["status_code"] == 200

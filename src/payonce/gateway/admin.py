@@ -17,12 +17,16 @@ from urllib.parse import parse_qs, unquote
 from payonce.errors import InvalidIdempotencyKey, NotFound, ProblemError, RequestInProgress
 from payonce.gateway.asgi import Receive, Scope, Send, send_json
 from payonce.gateway.keys import MAX_KEY_LENGTH
+from payonce.gateway.live import LiveStream
+from payonce.gateway.relay import relay_stored, send_response
 from payonce.store import Record, RecordState
 
 if TYPE_CHECKING:
     from payonce.gateway.app import Gateway
 
 __all__ = ["handle", "record_document"]
+
+REPLAYED = (b"idempotent-replayed", b"true")
 
 MAX_WAIT = 300.0
 
@@ -56,6 +60,8 @@ def record_document(record: Record) -> dict[str, object]:
         "replays": record.replays,
         "usage": dict(record.usage) if record.usage is not None else None,
         "cost_usd": record.cost_usd,
+        # A stream's progress: events recorded so far (null for a whole response).
+        "events": record.events if record.streaming else None,
     }
 
 
@@ -87,7 +93,7 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
         local = gateway.running.get((tenant, key))
         if local is not None:
             with contextlib.suppress(TimeoutError):
-                assert local.task is not None
+                assert local.task is not None  # the whole run, streams included
                 await asyncio.wait_for(asyncio.shield(local.task), wait)
             record = await gateway.store.get(tenant, key)
         else:
@@ -114,28 +120,26 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         if len(parts) == 4:
             record = await _lookup(gateway, tenant, key, wait)
             document = record_document(record)
+            local = gateway.running.get((tenant, key))
+            if local is not None and isinstance(local.head_value, LiveStream):
+                # Fresher than the store, which is written in batches.
+                document["events"] = len(local.head_value.events)
             document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
             await send_json(send, 200, document)
             return
         if parts[4] == "response":
             record = await _lookup(gateway, tenant, key, wait)
-            if record.response is None:
+            if record.response is None or (
+                record.state is RecordState.IN_PROGRESS and not record.streaming
+            ):
                 raise RequestInProgress(
                     f"the request with Idempotency-Key {key!r} has no response yet",
                     retry_after=1,
                 )
-            headers = [
-                (n.encode("latin-1"), v.encode("latin-1")) for n, v in record.response.headers
-            ]
-            headers.append((b"idempotent-replayed", b"true"))
-            headers.append((b"content-length", str(len(record.response.body)).encode()))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": record.response.status,
-                    "headers": headers,
-                }
-            )
-            await send({"type": "http.response.body", "body": record.response.body})
+            if record.streaming:
+                after = 0
+                await relay_stored(send, receive, gateway.store, record, REPLAYED, after)
+            else:
+                await send_response(send, record.response, REPLAYED)
             return
     raise NotFound(f"{scope['path']} is not a payonce endpoint")

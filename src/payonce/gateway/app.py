@@ -6,12 +6,13 @@ Keyed request, in order (DESIGN.md, Outcomes)::
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
-    same key running here? ─ same fingerprint ─► join ────────► its result
+    same key running here? ─ same fingerprint ─► join ────────► its result, or follow its stream
     store.claim ─ MISMATCH ───────────────────────────────────► 422
-                ─ COMPLETED ──────────────────────────────────► replay
-                ─ IN_PROGRESS (another process) ─► store.wait, claim again; past
+                ─ COMPLETED ──────────────────────────────────► replay (a stream: its events)
+                ─ IN_PROGRESS in another process ─ a stream ─► follow its recorded events
+                                                 ─ otherwise ► store.wait, claim again; past
                                                    --wait-timeout ──► 409 + Retry-After
-                ─ ACQUIRED ─► run_execution (detached task) ──► upstream result
+                ─ ACQUIRED ─► run_execution (detached task) ──► upstream result or live stream
                 ─ store down ─────────────────────────────────► 503
 """
 
@@ -28,16 +29,20 @@ from payonce.config import GatewaySettings
 from payonce.errors import (
     FingerprintMismatch,
     IdempotencyKeyRequired,
+    InvalidIdempotencyKey,
     ProblemError,
     RequestInProgress,
 )
 from payonce.gateway import admin
 from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
-from payonce.gateway.execution import Execution, Outcome, renew_leases, run_execution
+from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
 from payonce.gateway.keys import fingerprint, read_key, tenant_of
+from payonce.gateway.live import LiveStream
+from payonce.gateway.relay import relay_live, relay_stored, send_response
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
-from payonce.gateway.upstream import Upstream, UpstreamResponse
+from payonce.gateway.sse import is_event_stream
+from payonce.gateway.upstream import Upstream
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
 __all__ = ["Gateway"]
@@ -50,18 +55,6 @@ _VIA = (b"via", b"1.1 payonce")
 _REPLAY_FLUSH_SECONDS = 1.0
 
 
-async def _send_response(
-    send: Send, response: UpstreamResponse, marker: tuple[bytes, bytes]
-) -> None:
-    headers = [
-        (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
-    ]
-    headers.append(marker)
-    headers.append((b"content-length", str(len(response.body)).encode()))
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body})
-
-
 async def _send_replay(send: Send, replay: CachedReplay) -> None:
     start, body = replay.messages
     await send(start)
@@ -70,6 +63,22 @@ async def _send_replay(send: Send, replay: CachedReplay) -> None:
 
 def _mismatch(key: str) -> FingerprintMismatch:
     return FingerprintMismatch(f"Idempotency-Key {key!r} was first used with a different request")
+
+
+def _last_event_id(headers: list[tuple[bytes, bytes]]) -> int:
+    """Events already received by a resuming client (``Last-Event-ID``), else 0."""
+    raw = header(headers, b"last-event-id")
+    if raw is None or not raw.strip():
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidIdempotencyKey(
+            "Last-Event-ID must be the number of an event this gateway sent (its id: field)"
+        )
+    return value
 
 
 class Gateway:
@@ -136,33 +145,44 @@ class Gateway:
             body=body,
         )
         if key is None:
-            await self._pass_through(request, receive, send)
+            forward = self._forward_unkeyed(request, send)
+            if self.settings.on_disconnect == "continue":
+                await forward
+            else:
+                await self._cancel_on_disconnect(forward, receive)
         else:
-            await self._keyed(key, request, send)
+            await self._keyed(key, request, receive, send)
 
-    async def _pass_through(self, request: ProxiedRequest, receive: Receive, send: Send) -> None:
-        call = self.upstream.send(
+    async def _forward_unkeyed(self, request: ProxiedRequest, send: Send) -> None:
+        async with self.upstream.open(
             request.method,
             request.raw_path,
             request.query,
             request.upstream_headers(),
             request.body,
-        )
-        response: UpstreamResponse | None
-        if self.settings.on_disconnect == "continue":
-            response = await call
-        else:
-            response = await self._cancel_on_disconnect(call, receive)
-        if response is not None:
-            await _send_response(send, response, _VIA)
+        ) as response:
+            if not is_event_stream(response.content_type):
+                body = await response.read()
+                await send_response(
+                    send, StoredResponse(response.status, response.headers, body), _VIA
+                )
+                return
+            # A stream nobody can claim: relayed chunk by chunk, nothing recorded.
+            headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+            headers.append(_VIA)
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": headers}
+            )
+            async for chunk in response.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     @staticmethod
-    async def _cancel_on_disconnect(
-        call: Coroutine[Any, Any, UpstreamResponse], receive: Receive
-    ) -> UpstreamResponse | None:
+    async def _cancel_on_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> None:
         # Without a key nobody can claim the result, so a client that leaves
-        # should stop the generation (and its bill) where the provider allows.
-        # The call runs in this task; one watcher task cancels it on disconnect.
+        # should stop the generation (and its bill) where the provider allows:
+        # leaving the upstream request's block closes its connection.
+        # The work runs in this task; one watcher task cancels it on disconnect.
         current = asyncio.current_task()
         assert current is not None
         gone = False
@@ -180,17 +200,16 @@ class Gateway:
         watcher = asyncio.ensure_future(receive())
         watcher.add_done_callback(on_message)
         try:
-            return await call
+            await work
         except asyncio.CancelledError:
             if not gone:
                 raise
             current.uncancel()
-            return None
         finally:
             watcher.remove_done_callback(on_message)
             watcher.cancel()
 
-    async def _keyed(self, key: str, request: ProxiedRequest, send: Send) -> None:
+    async def _keyed(self, key: str, request: ProxiedRequest, receive: Receive, send: Send) -> None:
         tenant = self.tenant(request.headers)
         print_ = fingerprint(
             request.method,
@@ -205,6 +224,7 @@ class Gateway:
             self.replay_counts.add(tenant, key)
             await _send_replay(send, cached)
             return
+        after = _last_event_id(request.headers)
         settings = self.settings
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.wait_timeout
@@ -214,18 +234,24 @@ class Gateway:
                 if local.fingerprint != print_:
                     raise _mismatch(key)
                 local.joined += 1
-                await self._send_outcome(send, await self._join(local, deadline), _JOINED)
+                head = await self._join(local, deadline)
+                await self._answer(send, receive, head, _JOINED, after)
                 return
             claim = await self.store.claim(
                 tenant, key, print_, lease=settings.lease, ttl=settings.ttl
             )
             if claim.status is ClaimStatus.ACQUIRED:
-                outcome = await self._execute(claim.record, request)
-                await self._send_outcome(send, outcome, _NOT_REPLAYED)
+                head = await self._execute(claim.record, request)
+                await self._answer(send, receive, head, _NOT_REPLAYED, after)
                 return
             record = claim.record
             if claim.status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
+            if record.streaming:
+                # Completed, or being recorded by another process: its events.
+                self.replay_counts.add(tenant, key)
+                await relay_stored(send, receive, self.store, record, _JOINED, after)
+                return
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)
                 assert record.response is not None
@@ -245,19 +271,27 @@ class Gateway:
                 )
             await self.store.wait(tenant, key, remaining)
 
-    async def _join(self, execution: Execution, deadline: float) -> Outcome:
-        assert execution.task is not None
+    async def _answer(
+        self, send: Send, receive: Receive, head: Head, marker: tuple[bytes, bytes], after: int
+    ) -> None:
+        if isinstance(head, ProblemError):
+            raise head
+        if isinstance(head, LiveStream):
+            await relay_live(send, receive, head, marker, after)
+        else:
+            await send_response(send, head, marker)
+
+    async def _join(self, execution: Execution, deadline: float) -> Head:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            outcome, _ = await asyncio.wait_for(asyncio.shield(execution.task), max(0.0, remaining))
+            return await asyncio.wait_for(asyncio.shield(execution.head), max(0.0, remaining))
         except TimeoutError:
             raise RequestInProgress(
                 f"a request with Idempotency-Key {execution.key!r} is still running; retry later",
                 retry_after=max(1.0, math.ceil(self.settings.lease / 3)),
             ) from None
-        return outcome
 
-    async def _execute(self, claimed: Record, request: ProxiedRequest) -> Outcome:
+    async def _execute(self, claimed: Record, request: ProxiedRequest) -> Head:
         execution = Execution(
             claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
         )
@@ -267,26 +301,22 @@ class Gateway:
         # Keep a reference: the task must outlive this request if the client leaves.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        outcome, _ = await asyncio.shield(task)
-        return outcome
+        return await asyncio.shield(execution.head)
 
-    async def _run(
-        self, execution: Execution, request: ProxiedRequest
-    ) -> tuple[Outcome, StoredResponse | None]:
-        outcome, stored = await run_execution(
-            self.store, self.upstream, execution, request, running=self.running
+    async def _run(self, execution: Execution, request: ProxiedRequest) -> StoredResponse | None:
+        stored = await run_execution(
+            self.store,
+            self.upstream,
+            execution,
+            request,
+            running=self.running,
+            inject_stream_usage=self.settings.inject_stream_usage,
         )
-        if stored is not None:
+        if stored is not None and not stored.stream:
             self.replays.put(
                 execution.tenant, execution.key, execution.fingerprint, execution.expires_at, stored
             )
-        return outcome, stored
-
-    @staticmethod
-    async def _send_outcome(send: Send, outcome: Outcome, marker: tuple[bytes, bytes]) -> None:
-        if isinstance(outcome, ProblemError):
-            raise outcome
-        await _send_response(send, outcome, marker)
+        return stored
 
     async def background(self) -> None:
         """The gateway's housekeeping: lease renewal, replay counts, purging expired records."""

@@ -3,28 +3,40 @@
 The run is a task of its own, detached from the client's request: when the
 client disconnects or times out, the upstream call goes on and its result is
 stored for the retry (DESIGN.md, Disconnects). Duplicates arriving at this
-process await that task directly instead of polling the store. One loop renews
-the leases of every run in progress (:func:`renew_leases`).
+process await its ``head``: the whole response, or, for a stream, the
+:class:`LiveStream` they all follow. One loop renews the leases of every run in
+progress (:func:`renew_leases`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from payonce.errors import ProblemError, StoreUnavailable
+from payonce.gateway.live import LiveStream
+from payonce.gateway.recording import record_stream, release_quietly
 from payonce.gateway.request import ProxiedRequest
+from payonce.gateway.sse import ask_for_usage, is_event_stream
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_and_usage
 from payonce.store import Store, StoredResponse
 
-__all__ = ["Execution", "Outcome", "is_stored_status", "renew_leases", "run_execution"]
+__all__ = [
+    "Execution",
+    "Head",
+    "Outcome",
+    "is_stored_status",
+    "renew_leases",
+    "run_execution",
+]
 
 log = logging.getLogger("payonce.gateway")
 
 Outcome = UpstreamResponse | ProblemError
+Head = Outcome | LiveStream  # what a client of the key is answered with
 
 
 def is_stored_status(status: int) -> bool:
@@ -44,8 +56,18 @@ class Execution:
     token: str
     fingerprint: str
     expires_at: float
-    task: asyncio.Task[tuple[Outcome, StoredResponse | None]] | None = None
+    head: asyncio.Future[Head] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    task: asyncio.Task[StoredResponse | None] | None = None
     joined: int = 0  # duplicates that awaited this run: counted as replays when it completes
+
+    @property
+    def head_value(self) -> Head | None:
+        """The head once known (a whole response, a problem, or the live stream)."""
+        if self.head.done() and not self.head.cancelled():
+            return self.head.result()
+        return None
 
 
 async def renew_leases(
@@ -75,36 +97,66 @@ async def run_execution(
     request: ProxiedRequest,
     *,
     running: dict[tuple[str, str], Execution],
-) -> tuple[Outcome, StoredResponse | None]:
-    """Call the upstream, then store or release the record.
+    inject_stream_usage: bool = True,
+) -> StoredResponse | None:
+    """Call the upstream, resolve ``execution.head``, then store or release the record.
 
-    Returns the outcome and, when it was stored, the stored response.
+    Returns the stored response, or ``None`` when nothing was stored.
     """
     name = (execution.tenant, execution.key)
+    body = request.body
+    added_usage = ask_for_usage(request.raw_path, body) if inject_stream_usage else None
     try:
+        outcome: Outcome
         try:
-            outcome: Outcome = await upstream.send(
+            async with upstream.open(
                 request.method,
                 request.raw_path,
                 request.query,
                 request.upstream_headers(),
-                request.body,
-            )
+                added_usage or body,
+            ) as response:
+                if is_event_stream(response.content_type) and is_stored_status(response.status):
+                    live = LiveStream(response.status, response.headers)
+                    execution.head.set_result(live)
+                    return await record_stream(
+                        store,
+                        execution.tenant,
+                        execution.key,
+                        execution.token,
+                        response,
+                        live,
+                        strip_usage=added_usage is not None,
+                        on_last_event=lambda: running.pop(name, None),
+                        joined=lambda: execution.joined,
+                    )
+                outcome = UpstreamResponse(response.status, response.headers, await response.read())
         except ProblemError as exc:
             outcome = exc
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        return outcome, await _settle(store, execution, outcome)
-    except BaseException:
-        # Cancelled at shutdown, or a bug: give the key up so a retry can run.
+        stored = await _settle(store, execution, outcome)
+        execution.head.set_result(outcome)
+        return stored
+    except asyncio.CancelledError:
+        # Cancelled at shutdown: give the key up so a retry can run.
         running.pop(name, None)
-        await _release_quietly(store, execution)
+        await release_quietly(store, execution.tenant, execution.key, execution.token)
+        if not execution.head.done():
+            execution.head.cancel()
         raise
+    except Exception:
+        log.exception("the run of key %r failed", execution.key)
+        running.pop(name, None)
+        await release_quietly(store, execution.tenant, execution.key, execution.token)
+        if not execution.head.done():
+            execution.head.set_result(ProblemError("the gateway failed unexpectedly; see its log"))
+        return None
 
 
 async def _settle(store: Store, execution: Execution, outcome: Outcome) -> StoredResponse | None:
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
-        await _release_quietly(store, execution)
+        await release_quietly(store, execution.tenant, execution.key, execution.token)
         return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
     model, usage = model_and_usage(outcome.body, outcome.headers)
@@ -129,10 +181,3 @@ async def _settle(store: Store, execution: Execution, outcome: Outcome) -> Store
         )
         return None
     return response
-
-
-async def _release_quietly(store: Store, execution: Execution) -> None:
-    try:
-        await store.release(execution.tenant, execution.key, execution.token)
-    except StoreUnavailable as exc:
-        log.error("could not release key %r (its lease will lapse): %s", execution.key, exc)

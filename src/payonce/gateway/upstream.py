@@ -16,8 +16,9 @@ timeout (``sock_connect``): nothing was written either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -26,7 +27,7 @@ from yarl import URL
 
 from payonce.errors import ConfigError, UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["HOP_BY_HOP", "Upstream", "UpstreamResponse", "parse_upstream_url"]
+__all__ = ["HOP_BY_HOP", "OpenResponse", "Upstream", "UpstreamResponse", "parse_upstream_url"]
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the ones the proxy
 # recomputes itself (host, content-length).
@@ -123,23 +124,38 @@ class Upstream:
         headers: Iterable[tuple[str, str]],
         body: bytes,
     ) -> UpstreamResponse:
-        """Forward one request; raise :class:`UpstreamUnavailable` or :class:`UpstreamTimeout`."""
+        """Forward one request and read the whole answer.
+
+        Raises :class:`UpstreamUnavailable` or :class:`UpstreamTimeout`.
+        """
+        async with self.open(method, raw_path, query, headers, body) as response:
+            return UpstreamResponse(response.status, response.headers, await response.read())
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self,
+        method: str,
+        raw_path: str,
+        query: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> AsyncIterator[OpenResponse]:
+        """Forward one request; yield the response once its head has arrived.
+
+        The body is read through the yielded :class:`OpenResponse`. Leaving the
+        block early (a cancelled relay) closes the connection, which is how an
+        upstream learns that nobody is listening any more.
+        """
         assert self._session is not None, "Upstream.start() was not awaited"
         url = self.url_for(raw_path, query)
         request_headers = CIMultiDict(headers)
         attempt = 0
         while True:
             try:
-                async with self._session.request(
+                response = await self._session.request(
                     method, url, headers=request_headers, data=body or None, allow_redirects=False
-                ) as response:
-                    payload = await response.read()
-                    pairs = tuple(
-                        (name, value)
-                        for name, value in response.headers.items()
-                        if name.lower() not in HOP_BY_HOP
-                    )
-                    return UpstreamResponse(response.status, pairs, payload)
+                )
+                break
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Provably not sent: safe to try again, with full jitter.
                 if attempt >= self._connect_retries:
@@ -148,13 +164,57 @@ class Upstream:
                     ) from exc
                 await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
                 attempt += 1
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-                raise UpstreamTimeout(
-                    "the upstream did not answer in time; retry with the same Idempotency-Key"
-                ) from exc
-            except aiohttp.ClientError as exc:
-                raise UpstreamUnavailable(
-                    "the upstream connection failed after the request was sent"
-                    f" ({exc.__class__.__name__});"
-                    " retry with the same Idempotency-Key"
-                ) from exc
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise _translate(exc) from exc
+        complete = False
+        try:
+            yield OpenResponse(response)
+            complete = True
+        finally:
+            if complete and response.content.at_eof():
+                response.release()  # back to the keep-alive pool
+            else:
+                response.close()
+
+
+def _translate(exc: BaseException) -> UpstreamTimeout | UpstreamUnavailable:
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout(
+            "the upstream did not answer in time; retry with the same Idempotency-Key"
+        )
+    return UpstreamUnavailable(
+        "the upstream connection failed after the request was sent"
+        f" ({exc.__class__.__name__}); retry with the same Idempotency-Key"
+    )
+
+
+class OpenResponse:
+    """An upstream response whose body is still to be read; errors come out translated."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers = tuple(
+            (name, value)
+            for name, value in response.headers.items()
+            if name.lower() not in HOP_BY_HOP
+        )
+        self.content_type = response.headers.get("Content-Type")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _translate(exc) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives."""
+        content = self._response.content
+        while True:
+            try:
+                chunk = await content.readany()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise _translate(exc) from exc
+            if not chunk:
+                return
+            yield chunk

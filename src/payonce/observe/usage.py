@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import orjson
 
-__all__ = ["extract_usage", "model_and_usage"]
+__all__ = ["extract_usage", "model_and_usage", "normalise_usage"]
 
 
 def _decoded(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes | None:
@@ -51,10 +51,11 @@ def model_and_usage(
         return None, None
     model = document.get("model")
     model = model if isinstance(model, str) else None
-    return model, _usage(document.get("usage"))
+    return model, normalise_usage(document.get("usage"))
 
 
-def _usage(usage: object) -> dict[str, int] | None:
+def normalise_usage(usage: object) -> dict[str, int] | None:
+    """A provider's ``usage`` object in payonce's names (see :func:`model_and_usage`)."""
     if not isinstance(usage, dict):
         return None
     result: dict[str, int] = {}

@@ -1,0 +1,143 @@
+"""Reading an upstream stream to its end while relaying and recording it.
+
+Events go to the :class:`LiveStream` (every client following it here) as they
+arrive, and to the store in small batches (every ``FLUSH_EVENTS`` events or
+``FLUSH_SECONDS``, whichever comes first), so other processes can follow and a
+retry after completion replays the same events.
+
+A stream counts as complete when the upstream ends its body cleanly. If the
+upstream dies mid-way, the record is released: what was recorded is dropped
+and a retry runs the request again (a provider does not bill an unfinished
+generation either). If recording fails (store down, lease lost), the stream is
+still relayed to the end but not completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from payonce.errors import ProblemError, StoreUnavailable
+from payonce.gateway.live import LiveStream
+from payonce.gateway.sse import EventSplitter, StreamUsage
+from payonce.gateway.upstream import OpenResponse
+from payonce.observe.pricing import cost_of
+from payonce.store import Store, StoredResponse
+
+__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "record_stream", "release_quietly"]
+
+log = logging.getLogger("payonce.gateway")
+
+FLUSH_EVENTS = 64
+FLUSH_SECONDS = 0.05
+
+
+async def release_quietly(store: Store, tenant: str, key: str, token: str) -> None:
+    try:
+        await store.release(tenant, key, token)
+    except StoreUnavailable as exc:
+        log.error("could not release key %r (its lease will lapse): %s", key, exc)
+
+
+class _Recorder:
+    """Batches events into :meth:`Store.append_events` calls; stops at the first failure."""
+
+    def __init__(self, store: Store, tenant: str, key: str, token: str) -> None:
+        self.store, self.tenant, self.key, self.token = store, tenant, key, token
+        self.pending: list[bytes] = []
+        self.recorded = 0
+        self.ok = True
+        self._last_flush = asyncio.get_running_loop().time()
+
+    async def begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
+        try:
+            self.ok = await self.store.begin_stream(
+                self.tenant, self.key, self.token, status, headers
+            )
+        except StoreUnavailable as exc:
+            log.error("cannot record the stream of key %r: %s", self.key, exc)
+            self.ok = False
+
+    async def add(self, events: list[bytes]) -> None:
+        self.pending.extend(events)
+        now = asyncio.get_running_loop().time()
+        if len(self.pending) >= FLUSH_EVENTS or now - self._last_flush >= FLUSH_SECONDS:
+            await self.flush()
+
+    async def flush(self) -> None:
+        self._last_flush = asyncio.get_running_loop().time()
+        if not self.pending or not self.ok:
+            self.pending.clear()
+            return
+        batch, self.pending = self.pending, []
+        try:
+            held = await self.store.append_events(
+                self.tenant, self.key, self.token, self.recorded + 1, batch
+            )
+        except StoreUnavailable as exc:
+            log.error("stopped recording the stream of key %r: %s", self.key, exc)
+            held = False
+        if held:
+            self.recorded += len(batch)
+        else:
+            self.ok = False
+
+
+async def record_stream(
+    store: Store,
+    tenant: str,
+    key: str,
+    token: str,
+    response: OpenResponse,
+    live: LiveStream,
+    *,
+    strip_usage: bool,
+    on_last_event: Callable[[], object],
+    joined: Callable[[], int],
+) -> StoredResponse | None:
+    """Relay ``response`` into ``live``, record it, then complete or release the record."""
+    recorder = _Recorder(store, tenant, key, token)
+    await recorder.begin(response.status, response.headers)
+    splitter = EventSplitter()
+    usage = StreamUsage()
+
+    async def take(events: list[bytes]) -> None:
+        # The usage chunk the gateway asked for on the client's behalf is not relayed.
+        kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
+        if kept:
+            live.append(kept)
+            await recorder.add(kept)
+
+    try:
+        async for chunk in response.chunks():
+            await take(splitter.feed(chunk))
+        await take(splitter.close())
+    except ProblemError as exc:
+        log.warning("the upstream stream of key %r broke off: %s", key, exc.detail)
+        on_last_event()
+        live.finish(failed=True)
+        await release_quietly(store, tenant, key, token)
+        return None
+    await recorder.flush()
+    on_last_event()
+    try:
+        if not recorder.ok:
+            await release_quietly(store, tenant, key, token)
+            return None
+        stored = StoredResponse(response.status, response.headers, b"", stream=True)
+        completed = await store.complete(
+            tenant,
+            key,
+            token,
+            stored,
+            usage=usage.usage,
+            cost_usd=cost_of(usage.model, usage.usage),
+            replays=joined(),
+        )
+    except StoreUnavailable as exc:
+        log.error("could not complete the stream of key %r: %s", key, exc)
+        return None
+    finally:
+        live.finish()
+    return stored if completed else None

@@ -1,0 +1,135 @@
+"""Sending responses to the client: whole ones, and event streams (live, stored, or both).
+
+Every streamed event goes out numbered (``id: N``) so a client can resume with
+``Last-Event-ID``. A client that disconnects stops its relay, never the upstream
+run behind it (that one belongs to the key, not to this client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from payonce.gateway.asgi import Receive, Send
+from payonce.gateway.live import LiveStream
+from payonce.gateway.sse import numbered
+from payonce.gateway.upstream import UpstreamResponse
+from payonce.store import Record, RecordState, Store, StoredResponse
+
+__all__ = [
+    "relay_live",
+    "relay_stored",
+    "send_response",
+    "watch_disconnect",
+]
+
+
+async def send_response(
+    send: Send, response: UpstreamResponse | StoredResponse, marker: tuple[bytes, bytes]
+) -> None:
+    headers = [
+        (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
+    ]
+    headers.append(marker)
+    headers.append((b"content-length", str(len(response.body)).encode()))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+@contextlib.contextmanager
+def watch_disconnect(receive: Receive) -> Any:
+    """Yield a callable that tells whether the client has gone, watched by one task."""
+    watcher = asyncio.ensure_future(receive())
+
+    def gone() -> bool:
+        return (
+            watcher.done()
+            and not watcher.cancelled()
+            and watcher.exception() is None
+            and watcher.result()["type"] == "http.disconnect"
+        )
+
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+
+
+async def _start_stream(
+    send: Send, status: int, headers: tuple[tuple[str, str], ...], marker: tuple[bytes, bytes]
+) -> None:
+    encoded = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    encoded.append(marker)
+    await send({"type": "http.response.start", "status": status, "headers": encoded})
+
+
+async def _pump(
+    send: Send, batches: AsyncIterator[list[bytes]], after: int, gone: Callable[[], bool]
+) -> bool:
+    """Send numbered batches; False when the client left or the source broke off."""
+    number = after
+    try:
+        async for batch in batches:
+            parts = []
+            for event in batch:
+                number += 1
+                parts.append(numbered(event, number))
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            if gone():
+                return False
+    except ConnectionError:
+        # The upstream died mid-stream: end without the final chunk, so the
+        # client sees a broken stream rather than a short, clean one.
+        return False
+    return True
+
+
+async def relay_live(
+    send: Send, receive: Receive, live: LiveStream, marker: tuple[bytes, bytes], after: int
+) -> None:
+    """Relay a stream running in this process: what it has so far, then what comes."""
+    await _start_stream(send, live.status, live.headers, marker)
+    with watch_disconnect(receive) as gone:
+        if await _pump(send, live.follow(after), after, gone):
+            await send({"type": "http.response.body", "body": b""})
+
+
+async def relay_stored(
+    send: Send,
+    receive: Receive,
+    store: Store,
+    record: Record,
+    marker: tuple[bytes, bytes],
+    after: int,
+    poll: float = 1.0,
+) -> None:
+    """Relay a recorded stream: complete, or still being recorded by another process."""
+    assert record.response is not None
+    await _start_stream(send, record.response.status, record.response.headers, marker)
+    with watch_disconnect(receive) as gone:
+        if await _pump(send, _stored_batches(store, record, after, poll), after, gone):
+            await send({"type": "http.response.body", "body": b""})
+
+
+async def _stored_batches(
+    store: Store, record: Record, after: int, poll: float
+) -> AsyncIterator[list[bytes]]:
+    position = after
+    tenant, key = record.tenant, record.key
+    current: Record | None = record
+    while True:
+        events = await store.read_events(tenant, key, position)
+        if events:
+            position += len(events)
+            yield events
+        if current is not None and current.state is RecordState.COMPLETED:
+            if position >= current.events:
+                return
+            continue
+        current = await store.get(tenant, key)
+        if current is None or current.token != record.token:
+            raise ConnectionError("the stream's run was released before it completed")
+        if current.state is RecordState.IN_PROGRESS and not events:
+            current = await store.wait(tenant, key, poll) or current

@@ -1,0 +1,153 @@
+"""Server-sent events as the gateway handles them: split, numbered, inspected for usage.
+
+An event is kept as the upstream sent it, terminator included (``\\n\\n`` or
+``\\r\\n\\r\\n``). When relayed, each gets an ``id:`` line with its number
+(1, 2, ...), placed last so it wins over any id the upstream set; the official
+SDKs ignore the field, and a client that reconnects sends it back as
+``Last-Event-ID`` to resume after that event (WHATWG HTML, server-sent events).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from payonce.observe.usage import normalise_usage
+
+__all__ = [
+    "EventSplitter",
+    "StreamUsage",
+    "ask_for_usage",
+    "is_event_stream",
+    "numbered",
+]
+
+_TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == (
+        "text/event-stream"
+    )
+
+
+class EventSplitter:
+    """Cuts a byte stream into whole events, however the chunks fall."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buffer = self._buffer + chunk
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end, size = _next_terminator(buffer, start)
+            if end < 0:
+                break
+            events.append(buffer[start : end + size])
+            start = end + size
+        self._buffer = buffer[start:]
+        return events
+
+    def close(self) -> list[bytes]:
+        """What is left when the stream ends: an unterminated last event, terminated."""
+        rest, self._buffer = self._buffer, b""
+        return [rest + b"\n\n"] if rest.strip() else []
+
+
+def _next_terminator(buffer: bytes, start: int) -> tuple[int, int]:
+    best, size = -1, 0
+    for terminator in _TERMINATORS:
+        found = buffer.find(terminator, start)
+        if found >= 0 and (best < 0 or found < best):
+            best, size = found, len(terminator)
+    return best, size
+
+
+def numbered(event: bytes, number: int) -> bytes:
+    """The event with ``id: <number>`` as its last field."""
+    if event.endswith(b"\r\n\r\n"):
+        return event[:-2] + b"id: %d\r\n\r\n" % number
+    if event.endswith(b"\r\r"):
+        return event[:-1] + b"id: %d\r\r" % number
+    return event[:-1] + b"id: %d\n\n" % number
+
+
+def _data_json(event: bytes) -> object:
+    """The JSON document in an event's ``data:`` lines, or ``None``."""
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    try:
+        return orjson.loads(b"\n".join(lines))
+    except orjson.JSONDecodeError:
+        return None
+
+
+class StreamUsage:
+    """Token usage gathered from a stream's events (OpenAI and Anthropic shapes).
+
+    OpenAI sends it in a last chunk (``choices: []``) when
+    ``stream_options.include_usage`` is set. Anthropic sends input tokens in
+    ``message_start`` and the output count in ``message_delta``.
+    """
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.usage: dict[str, int] | None = None
+
+    def inspect(self, event: bytes) -> bool:
+        """Read usage from one event. True when the event is a usage-only OpenAI chunk."""
+        if b'"usage"' not in event and b'"model"' not in event:
+            return False
+        document = _data_json(event)
+        if not isinstance(document, dict):
+            return False
+        if self.model is None:
+            message = document.get("message")
+            source = message if isinstance(message, dict) else document
+            model = source.get("model")
+            self.model = model if isinstance(model, str) else None
+        usage = document.get("usage")
+        kind = document.get("type")
+        if kind == "message_start":
+            message = document.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+        if isinstance(usage, dict):
+            self._merge(usage)
+            return document.get("choices") == []
+        return False
+
+    def _merge(self, usage: dict[str, object]) -> None:
+        normalised = normalise_usage(usage)
+        if normalised is None:
+            return
+        if self.usage is None:
+            self.usage = normalised
+        else:
+            # Anthropic: message_delta's output count replaces message_start's.
+            self.usage.update({k: v for k, v in normalised.items() if v or k not in self.usage})
+
+
+def ask_for_usage(path: str, body: bytes) -> bytes | None:
+    """The request body with ``stream_options.include_usage`` set, when it needs it.
+
+    For an OpenAI streamed completion that did not ask for usage, the gateway
+    asks on the client's behalf so the cost is always known, and strips the
+    extra usage chunk before relaying. ``None`` when nothing changes.
+    """
+    if not (path.endswith("/chat/completions") or path.endswith("/completions")):
+        return None
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(document, dict) or document.get("stream") is not True:
+        return None
+    options = document.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return None
+    if options is not None and not isinstance(options, dict):
+        return None  # malformed: let the upstream answer it as it would
+    document["stream_options"] = {**(options or {}), "include_usage": True}
+    return orjson.dumps(document)
