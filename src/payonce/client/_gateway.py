@@ -1,0 +1,165 @@
+"""Talking to a payonce gateway: recognising one, and asking it about a key.
+
+A gateway is recognised from any of its answers (README, "What the gateway
+does"): keyed answers carry ``Idempotent-Replayed``, pass-through answers
+``Via: 1.1 payonce``, and its own errors are ``application/problem+json`` whose
+``type`` URI names payonce. The transport remembers each origin it has seen
+answer that way; ``gateway=True`` or a base URL skips the guessing, which
+matters for the very first call.
+
+After an ambiguous failure the transport asks, with the call's credential
+headers (records are scoped by credential)::
+
+    GET {base}/_payonce/requests/{key}?wait=S   200 completed ─► GET …/{key}/response
+                                                200 in_progress ─► ask again while time is left
+                                                404 ─► nothing ran or it was released: re-send
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from urllib.parse import quote
+
+import httpx2
+
+from payonce.client._call import Lookup
+
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "GatewayDirectory",
+    "looks_like_gateway",
+    "read_status",
+    "read_stored",
+    "response_request",
+    "status_request",
+]
+
+# The headers the gateway derives the tenant from (README, "Tenants").
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def _problem_type(headers: httpx2.Headers, body: bytes) -> str | None:
+    if not headers.get("content-type", "").startswith("application/problem+json"):
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    kind = document.get("type") if isinstance(document, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def looks_like_gateway(headers: httpx2.Headers, body: bytes = b"") -> bool:
+    """Whether an answer came from a payonce gateway (``body`` only matters for errors)."""
+    if "idempotent-replayed" in headers:
+        return True
+    if any("payonce" in via.lower() for via in headers.get_list("via")):
+        return True
+    kind = _problem_type(headers, body)
+    return kind is not None and "payonce" in kind
+
+
+def origin_of(url: httpx2.URL) -> str:
+    return f"{url.scheme}://{url.netloc.decode('ascii')}"
+
+
+class GatewayDirectory:
+    """Which origins are payonce gateways: configured, or learnt from their answers."""
+
+    def __init__(self, gateway: bool | str | None) -> None:
+        self.configured = gateway
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def observe(self, url: httpx2.URL, headers: httpx2.Headers, body: bytes) -> None:
+        if self.configured is None and looks_like_gateway(headers, body):
+            with self._lock:
+                self._known.add(origin_of(url))
+
+    def base_for(self, url: httpx2.URL) -> str | None:
+        """The base URL of the gateway serving ``url``, or ``None`` if it is not one."""
+        if isinstance(self.configured, str):
+            return self.configured.rstrip("/")
+        if self.configured is False:
+            return None
+        origin = origin_of(url)
+        if self.configured is True or origin in self._known:
+            return origin
+        return None
+
+
+def _status_headers(source: httpx2.Headers, extra: Iterable[str]) -> list[tuple[str, str]]:
+    names = {*CREDENTIAL_HEADERS, *(name.lower() for name in extra)}
+    return [(name, value) for name, value in source.multi_items() if name.lower() in names]
+
+
+def status_request(
+    base: str,
+    key: str,
+    wait: float,
+    source: httpx2.Headers,
+    extra_headers: Iterable[str],
+    timeouts: dict[str, float],
+) -> httpx2.Request:
+    """``GET {base}/_payonce/requests/{key}?wait=S`` with the call's credential."""
+    url = f"{base}/_payonce/requests/{quote(key, safe='')}?wait={wait:.3f}"
+    return httpx2.Request(
+        "GET",
+        url,
+        headers=_status_headers(source, extra_headers),
+        extensions={"timeout": timeouts},
+    )
+
+
+def response_request(
+    base: str,
+    key: str,
+    source: httpx2.Headers,
+    extra_headers: Iterable[str],
+    timeouts: dict[str, float],
+) -> httpx2.Request:
+    """``GET {base}/_payonce/requests/{key}/response`` with the call's credential."""
+    url = f"{base}/_payonce/requests/{quote(key, safe='')}/response"
+    return httpx2.Request(
+        "GET",
+        url,
+        headers=_status_headers(source, extra_headers),
+        extensions={"timeout": timeouts},
+    )
+
+
+def read_status(status: int, headers: httpx2.Headers, body: bytes) -> Lookup:
+    """What ``GET /_payonce/requests/{key}`` answered."""
+    if status == 404 and "not-found" in (_problem_type(headers, body) or ""):
+        return Lookup.NOT_FOUND
+    if status != 200:
+        return Lookup.UNKNOWN  # 401 from a proxy, 5xx, an old gateway: we learnt nothing
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return Lookup.UNKNOWN
+    state = document.get("state") if isinstance(document, dict) else None
+    if state == "completed":
+        return Lookup.COMPLETED
+    if state == "in_progress":
+        return Lookup.IN_PROGRESS
+    return Lookup.UNKNOWN
+
+
+def read_stored(status: int, headers: httpx2.Headers, body: bytes) -> Lookup:
+    """What ``GET /_payonce/requests/{key}/response`` answered.
+
+    The stored response comes back with its own status (which may itself be an
+    error, say a stored 400) and ``Idempotent-Replayed: true``; the gateway's own
+    errors are problem documents without that header.
+    """
+    if headers.get("idempotent-replayed", "").lower() == "true":
+        return Lookup.COMPLETED
+    kind = _problem_type(headers, body) or ""
+    if status == 404 and "not-found" in kind:
+        return Lookup.NOT_FOUND
+    if status == 409 and "in-progress" in kind:
+        return Lookup.IN_PROGRESS
+    return Lookup.UNKNOWN

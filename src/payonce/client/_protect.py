@@ -1,0 +1,107 @@
+"""``protect()``: an official OpenAI or Anthropic SDK client, retried by payonce.
+
+The SDKs retry on their own (``max_retries=2``: three attempts) and never send
+the idempotency key they mint. ``protect()`` returns a copy of the client whose
+own retries are off (``max_retries=0``) and whose HTTP client sends through an
+:class:`IdempotentTransport` (or its async twin), so each SDK call is one
+logical call: one key, the payonce policy, gateway checks after ambiguous
+failures. The original client is left as it was.
+
+Duck-typed: it needs the SDK's ``with_options(max_retries=, http_client=,
+timeout=)`` and its httpx2 client in ``_client``, as both official SDKs have;
+payonce imports neither SDK.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
+
+import httpx2
+
+from payonce.client._async_transport import AsyncIdempotentTransport
+from payonce.client._budget import RetryBudget
+from payonce.client._clock import RetryClock
+from payonce.client._hooks import RetryHook
+from payonce.client._policy import RetryPolicy
+from payonce.client._transport import IdempotentTransport
+
+__all__ = ["protect"]
+
+SDKClient = TypeVar("SDKClient")
+
+# The SDKs' own pool limits (openai._constants.DEFAULT_CONNECTION_LIMITS).
+_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+
+
+def protect(
+    client: SDKClient,
+    *,
+    policy: RetryPolicy | None = None,
+    gateway: bool | str | None = None,
+    hooks: Iterable[RetryHook] | None = None,
+    budget: RetryBudget | None = None,
+    clock: RetryClock | None = None,
+    key_factory: Callable[[], str] | None = None,
+    tenant_header: str | None = None,
+    transport: httpx2.BaseTransport | httpx2.AsyncBaseTransport | None = None,
+    rng: random.Random | None = None,
+) -> SDKClient:
+    """A copy of an ``openai``/``anthropic`` client (sync or async) retried by payonce.
+
+    ::
+
+        client = protect(openai.OpenAI(base_url="http://127.0.0.1:8080/v1"))
+
+    The keyword arguments are those of :class:`IdempotentTransport`;
+    ``transport`` is the httpx2 transport that really sends (default: a new
+    ``HTTPTransport`` or ``AsyncHTTPTransport`` with the SDKs' pool limits). The
+    SDK's timeout becomes the policy's (``connect_timeout``, ``read_timeout``);
+    a ``timeout=`` passed to one call still applies when it is shorter.
+
+    A key passed as ``extra_headers={"Idempotency-Key": ...}`` is used for
+    that call instead of a new UUID.
+    """
+    policy = policy or RetryPolicy()
+    sdk = cast(Any, client)
+    current = getattr(sdk, "_client", None)
+    options: dict[str, Any] = {
+        "policy": policy,
+        "gateway": gateway,
+        "hooks": hooks,
+        "budget": budget,
+        "clock": clock,
+        "key_factory": key_factory,
+        "tenant_header": tenant_header,
+        "rng": rng,
+    }
+    timeout = httpx2.Timeout(policy.read_timeout, connect=policy.connect_timeout)
+    http_client: httpx2.Client | httpx2.AsyncClient
+    if isinstance(current, httpx2.AsyncClient):
+        inner = transport or httpx2.AsyncHTTPTransport(limits=_LIMITS)
+        if not isinstance(inner, httpx2.AsyncBaseTransport):
+            raise TypeError("an async client needs an httpx2.AsyncBaseTransport")
+        http_client = httpx2.AsyncClient(
+            transport=AsyncIdempotentTransport(inner, **options),
+            timeout=timeout,
+            follow_redirects=True,
+        )
+    elif isinstance(current, httpx2.Client):
+        inner_sync = transport or httpx2.HTTPTransport(limits=_LIMITS)
+        if not isinstance(inner_sync, httpx2.BaseTransport):
+            raise TypeError("a sync client needs an httpx2.BaseTransport")
+        http_client = httpx2.Client(
+            transport=IdempotentTransport(inner_sync, **options),
+            timeout=timeout,
+            follow_redirects=True,
+        )
+    else:
+        raise TypeError(
+            f"protect() expects an openai or anthropic client built on httpx2, "
+            f"got {type(client).__name__}"
+        )
+    protected = sdk.with_options(max_retries=0, http_client=http_client, timeout=timeout)
+    # The SDK's own per-call key, if it was switched on, is kept (our transport reuses it).
+    protected._idempotency_header = getattr(sdk, "_idempotency_header", None)
+    return cast(SDKClient, protected)
