@@ -1,0 +1,91 @@
+"""SSE splitting, numbering and usage capture, as pure functions."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from payonce.gateway.sse import EventSplitter, StreamUsage, ask_for_usage, is_event_stream, numbered
+
+EVENTS = [b'data: {"a":1}\n\n', b"event: ping\ndata: {}\n\n", b": comment\n\n", b"data: [DONE]\n\n"]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
+def test_events_come_out_whole_however_the_chunks_fall(cuts: list[int]) -> None:
+    stream = b"".join(EVENTS)
+    splitter, out, position = EventSplitter(), [], 0
+    for cut in cuts:
+        out += splitter.feed(stream[position : position + cut])
+        position += cut
+    out += splitter.feed(stream[position:])
+    out += splitter.close()
+    assert out == EVENTS
+
+
+def test_crlf_events_and_an_unterminated_tail() -> None:
+    splitter = EventSplitter()
+    assert splitter.feed(b"data: 1\r\n\r\ndata: 2") == [b"data: 1\r\n\r\n"]
+    assert splitter.close() == [b"data: 2\n\n"]
+
+
+def test_numbered_puts_the_id_last() -> None:
+    assert numbered(b"data: x\n\n", 7) == b"data: x\nid: 7\n\n"
+    assert numbered(b"data: x\r\n\r\n", 8) == b"data: x\r\nid: 8\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("text/event-stream", True),
+        ("text/event-stream; charset=utf-8", True),
+        ("application/json", False),
+        (None, False),
+    ],
+)
+def test_is_event_stream(value: str | None, expected: bool) -> None:
+    assert is_event_stream(value) is expected
+
+
+def test_openai_usage_chunk_is_captured_and_flagged() -> None:
+    usage = StreamUsage()
+    chunk = b'data: {"id":"c","model":"gpt-4o-mini","choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
+    final = b'data: {"id":"c","model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}\n\n'
+    assert usage.inspect(chunk) is False
+    assert usage.inspect(final) is True
+    assert usage.model == "gpt-4o-mini"
+    assert usage.usage == {"input_tokens": 5, "output_tokens": 7}
+
+
+def test_anthropic_usage_from_message_start_and_delta() -> None:
+    usage = StreamUsage()
+    start = {
+        "type": "message_start",
+        "message": {
+            "model": "claude-sonnet-4-0",
+            "usage": {"input_tokens": 12, "output_tokens": 1},
+        },
+    }
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn"},
+        "usage": {"output_tokens": 30},
+    }
+    assert usage.inspect(b"event: message_start\ndata: " + orjson.dumps(start) + b"\n\n") is False
+    assert usage.inspect(b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n") is False
+    assert usage.model == "claude-sonnet-4-0"
+    assert usage.usage == {"input_tokens": 12, "output_tokens": 30}
+
+
+def test_ask_for_usage_only_when_missing() -> None:
+    body = orjson.dumps({"model": "m", "stream": True, "messages": []})
+    changed = ask_for_usage("/v1/chat/completions", body)
+    assert changed is not None and orjson.loads(changed)["stream_options"] == {
+        "include_usage": True
+    }
+    asked = orjson.dumps({"stream": True, "stream_options": {"include_usage": True}})
+    assert ask_for_usage("/v1/chat/completions", asked) is None
+    assert ask_for_usage("/v1/chat/completions", orjson.dumps({"stream": False})) is None
+    assert ask_for_usage("/v1/messages", body) is None
+    assert ask_for_usage("/v1/chat/completions", b"not json") is None
