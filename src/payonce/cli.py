@@ -14,6 +14,7 @@ import click
 from payonce import __version__
 from payonce.config import GatewaySettings, load_toml, parse_duration, parse_size
 from payonce.errors import ConfigError, PayonceError
+from payonce.lint.cli import lint_command
 from payonce.sim.cli import sim_command
 
 __all__ = ["cli", "main"]
@@ -219,6 +220,7 @@ def serve_command(**options: Any) -> None:
 
 
 cli.add_command(sim_command, "sim")
+cli.add_command(lint_command, "lint")
 
 
 def main(argv: list[str] | None = None) -> None:

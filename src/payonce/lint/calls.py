@@ -1,0 +1,243 @@
+"""Recognising LLM generation calls and what they send.
+
+A call is an LLM generation call when it is:
+
+- a generation method (``chat.completions.create``, ``messages.create``,
+  ``responses.create``, LangChain ``invoke``...) reached through a client the
+  module constructs, or through an unknown receiver for the spellings only
+  the OpenAI/Anthropic APIs use;
+- ``litellm.completion``/``acompletion``/``text_completion``/``responses``;
+- openai<1.0 ``openai.ChatCompletion.create``/``Completion.create``;
+- a plain HTTP ``post`` (requests, httpx, aiohttp) to an LLM URL.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from payonce.lint.names import ModuleNames, dotted
+from payonce.lint.sdk import (
+    GENERATION_SUFFIXES,
+    SDK_DEFAULT_RETRIES,
+    UNKNOWN_ANTHROPIC_SUFFIXES,
+    ClientInfo,
+    ClientKind,
+    has_key_header,
+    key_value,
+    looks_like_llm_url,
+)
+
+__all__ = ["KeyState", "LlmCall", "recognise"]
+
+_LITELLM_FUNCTIONS = frozenset(
+    {
+        "litellm.completion",
+        "litellm.acompletion",
+        "litellm.text_completion",
+        "litellm.atext_completion",
+        "litellm.responses",
+        "litellm.aresponses",
+    }
+)
+_LEGACY_OPENAI = frozenset(
+    {
+        "openai.ChatCompletion.create",
+        "openai.ChatCompletion.acreate",
+        "openai.Completion.create",
+        "openai.Completion.acreate",
+    }
+)
+_RESPONSE_WRAPPERS = frozenset({"with_raw_response", "with_streaming_response"})
+_LLM_ROOTS = frozenset(
+    {"openai", "anthropic", "litellm", "langchain", "langchain_openai", "langchain_anthropic"}
+)
+
+
+class KeyState(Enum):
+    """Whether a call sends an idempotency key it chose itself."""
+
+    EXPLICIT = "explicit"  # an Idempotency-Key header the code sets
+    NONE = "none"  # certainly no header set by the code
+    UNKNOWN = "unknown"  # headers built elsewhere (**kwargs, a variable): not judged
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCall:
+    """One generation call: what it is, the client behind it, its key and timeout."""
+
+    node: ast.Call
+    what: str
+    client: ClientInfo | None
+    sdk_attempts: int | None
+    sdk_detail: str
+    key: KeyState
+    key_expr: ast.expr | None
+    timeout: ast.expr | None
+
+    @property
+    def sends_sdk_key(self) -> bool:
+        return self.client is not None and self.client.sends_sdk_key
+
+    @property
+    def label(self) -> str:
+        return self.client.label if self.client is not None else self.what
+
+
+# (client expression) -> the client it holds, and (name) -> the value last assigned to it.
+ClientLookup = Callable[[ast.expr], ClientInfo | None]
+ValueLookup = Callable[[str], tuple[ast.expr | None, frozenset[str]]]
+
+
+def recognise(
+    call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
+) -> LlmCall | None:
+    """The :class:`LlmCall` that ``call`` is, or None."""
+    qualified = names.qualify(call.func)
+    if qualified in _LITELLM_FUNCTIONS:
+        return _litellm(call, qualified, names, value_of)
+    if qualified in _LEGACY_OPENAI:
+        return _build(call, qualified, None, 1, "openai<1.0 does not retry", names, value_of)
+    if isinstance(call.func, ast.Attribute):
+        if call.func.attr == "post":
+            return _http_post(call, names, value_of)
+        return _method_call(call, names, client_of, value_of)
+    return None
+
+
+def _method_call(
+    call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
+) -> LlmCall | None:
+    node: ast.expr = call.func
+    suffix: list[str] = []
+    candidates: list[tuple[ast.expr, str]] = []
+    while isinstance(node, ast.Attribute):
+        if node.attr not in _RESPONSE_WRAPPERS:
+            suffix.insert(0, node.attr)
+        node = node.value
+        candidates.append((node, ".".join(suffix)))
+    for base, method in candidates:
+        if names.qualify(base) == "openai" and method in GENERATION_SUFFIXES[ClientKind.OPENAI]:
+            module = ClientInfo(ClientKind.OPENAI, "openai (module)", 0, SDK_DEFAULT_RETRIES, False)
+            return _from_client(call, method, module, names, value_of)
+        client = client_of(base)
+        if client is not None and method in GENERATION_SUFFIXES[client.kind]:
+            return _from_client(call, method, client, names, value_of)
+    if not names.imported_roots & _LLM_ROOTS:
+        return None
+    for base, method in candidates:
+        anthropic = "anthropic" in names.imported_roots and method in UNKNOWN_ANTHROPIC_SUFFIXES
+        if method in GENERATION_SUFFIXES[ClientKind.UNKNOWN] or anthropic:
+            name = dotted(base) or "(expression)"
+            unknown = ClientInfo(ClientKind.UNKNOWN, name, 0, None, False)
+            return _from_client(call, method, unknown, names, value_of)
+    return None
+
+
+def _from_client(
+    call: ast.Call, method: str, client: ClientInfo, names: ModuleNames, value_of: ValueLookup
+) -> LlmCall:
+    return _build(
+        call, method, client, client.sdk_attempts, client.describe_retries(), names, value_of
+    )
+
+
+def _litellm(call: ast.Call, qualified: str, names: ModuleNames, value_of: ValueLookup) -> LlmCall:
+    keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
+    factors: list[int | None] = []
+    details: list[str] = []
+    for name in ("num_retries", "max_retries"):
+        if name in keywords:
+            retries = names.integer(keywords[name])
+            factors.append(None if retries is None else retries + 1)
+            details.append(f"{name}={retries if retries is not None else '?'}")
+    if "max_retries" not in keywords:
+        # LiteLLM hands max_retries to the provider SDK; its default varies by
+        # provider and release, so it is unknown rather than guessed.
+        factors.append(None)
+        details.append("max_retries not set: provider SDK retries unknown")
+    attempts: int | None = 1
+    for factor in factors:
+        attempts = None if attempts is None or factor is None else attempts * factor
+    return _build(call, qualified, None, attempts, ", ".join(details), names, value_of)
+
+
+def _http_post(call: ast.Call, names: ModuleNames, value_of: ValueLookup) -> LlmCall | None:
+    url_node = call.args[0] if call.args else None
+    for keyword in call.keywords:
+        if keyword.arg == "url":
+            url_node = keyword.value
+    url = _string_or_assigned(url_node, names, value_of)
+    if url is None or not looks_like_llm_url(url):
+        return None
+    what = f"{dotted(call.func) or 'post'}({url!r})"
+    # requests/httpx/aiohttp do not re-send a POST by themselves.
+    return _build(call, what, None, 1, "no HTTP-level retries", names, value_of)
+
+
+def _string_or_assigned(
+    node: ast.expr | None, names: ModuleNames, value_of: ValueLookup
+) -> str | None:
+    text = names.string(node)
+    if text is None and isinstance(node, ast.Name):
+        value, _ = value_of(node.id)
+        text = names.string(value)
+    return text
+
+
+def _build(
+    call: ast.Call,
+    what: str,
+    client: ClientInfo | None,
+    attempts: int | None,
+    detail: str,
+    names: ModuleNames,
+    value_of: ValueLookup,
+) -> LlmCall:
+    key, key_expr = _key(call, names, value_of)
+    if key is KeyState.NONE and client is not None and client.default_key:
+        key = KeyState.EXPLICIT
+    timeout = None
+    for keyword in call.keywords:
+        if keyword.arg in {"timeout", "request_timeout"}:
+            timeout = keyword.value
+    return LlmCall(call, what, client, attempts, detail, key, key_expr, timeout)
+
+
+def _key(
+    call: ast.Call, names: ModuleNames, value_of: ValueLookup
+) -> tuple[KeyState, ast.expr | None]:
+    state = KeyState.NONE
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            state = KeyState.UNKNOWN  # **kwargs may carry extra_headers
+        elif keyword.arg == "idempotency_key":
+            return KeyState.EXPLICIT, keyword.value
+        elif keyword.arg in {"extra_headers", "headers"}:
+            found, expr = _headers_key(keyword.value, names, value_of)
+            if found is KeyState.EXPLICIT:
+                return found, expr
+            if found is KeyState.UNKNOWN:
+                state = KeyState.UNKNOWN
+    return state, None
+
+
+def _headers_key(
+    headers: ast.expr, names: ModuleNames, value_of: ValueLookup
+) -> tuple[KeyState, ast.expr | None]:
+    extra_keys: frozenset[str] = frozenset()
+    if isinstance(headers, ast.Name):
+        value, extra_keys = value_of(headers.id)
+        if any(key.lower() in {"idempotency-key", "x-idempotency-key"} for key in extra_keys):
+            return KeyState.EXPLICIT, None
+        if value is None:
+            return KeyState.UNKNOWN, None
+        headers = value
+    found = has_key_header(headers, names)
+    if found is None:
+        return KeyState.UNKNOWN, None
+    if found:
+        return KeyState.EXPLICIT, key_value(headers, names)
+    return KeyState.NONE, None
