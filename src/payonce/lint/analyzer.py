@@ -35,6 +35,7 @@ from payonce.lint.sdk import (
     client_from_call,
     derive_client,
     is_deriving_call,
+    protected_client,
 )
 from payonce.lint.stacks import describe_stack, worst_stack
 from payonce.lint.timeouts import check_timeout
@@ -150,8 +151,12 @@ class _Analyzer:
             built = client_from_call(node, self.names, dotted(node.func) or "client")
             if built is not None:
                 return built
-            if self.names.qualify(node.func) in _INSTRUMENT_WRAPPERS and node.args:
+            qualified = self.names.qualify(node.func) or ""
+            if qualified in _INSTRUMENT_WRAPPERS and node.args:
                 return self._client_of(node.args[0])
+            if qualified.startswith("payonce.client") and qualified.endswith(".protect"):
+                base = self._client_of(node.args[0]) if node.args else None
+                return protected_client(base, node, self.names) if base is not None else None
             if is_deriving_call(node):
                 assert isinstance(node.func, ast.Attribute)
                 base = self._client_of(node.func.value)
@@ -487,8 +492,8 @@ class _Analyzer:
                 llm.node,
                 "PO101",
                 f"{llm.label} ({llm.sdk_detail}) is retried by {describe_stack(layers)}:"
-                f" {_billed([llm.sdk_attempts, *_attempts(layers)])} billed calls per logical"
-                " call at worst; construct it with max_retries=0 and keep one retry layer",
+                f" {_billed([llm.sdk_attempts, *_attempts(layers)], llm.sdk_floor)} billed calls"
+                f" per logical call at worst; {_sdk_fix(llm)} and keep one retry layer",
             )
         if len(layers) >= 2:
             self._add(
@@ -499,8 +504,8 @@ class _Analyzer:
             )
         if layers and llm.key is KeyState.NONE:
             why = (
-                "; client._idempotency_header sends the SDK's per-call key, which is new on"
-                " every application attempt"
+                "; the client's own key (_idempotency_header or protect()) is minted per SDK"
+                " call, so it is new on every application attempt"
                 if llm.sends_sdk_key
                 else ""
             )
@@ -550,9 +555,18 @@ def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:
     return [layer.attempts for layer in layers]
 
 
-def _billed(factors: list[int | None]) -> str:
-    """``3 x 5 = 15``, or ``3 x ? = at least 3 (some factors unknown)``."""
-    known = 1
+def _sdk_fix(llm: LlmCall) -> str:
+    if llm.client is None and llm.what.startswith("litellm."):
+        return "pass max_retries=0 and num_retries=0"
+    return "construct it with max_retries=0"
+
+
+def _billed(factors: list[int | None], floor: int = 1) -> str:
+    """``3 x 5 = 15``, or ``3 x ? = at least 3 (some factors unknown)``.
+
+    ``floor`` is what is known of the first factor when it is unknown.
+    """
+    known = floor if factors and factors[0] is None else 1
     for factor in factors:
         if factor is not None:
             known *= factor

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from payonce.lint.names import ModuleNames, dotted
@@ -76,6 +76,8 @@ class LlmCall:
     key: KeyState
     key_expr: ast.expr | None
     timeout: ast.expr | None
+    # The part of an unknown ``sdk_attempts`` the linter could read (LiteLLM's num_retries).
+    sdk_floor: int = 1
 
     @property
     def sends_sdk_key(self) -> bool:
@@ -158,10 +160,12 @@ def _litellm(call: ast.Call, qualified: str, names: ModuleNames, value_of: Value
         # provider and release, so it is unknown rather than guessed.
         factors.append(None)
         details.append("max_retries not set: provider SDK retries unknown")
-    attempts: int | None = 1
+    floor = 1
     for factor in factors:
-        attempts = None if attempts is None or factor is None else attempts * factor
-    return _build(call, qualified, None, attempts, ", ".join(details), names, value_of)
+        floor *= factor or 1
+    attempts = None if None in factors else floor
+    llm = _build(call, qualified, None, attempts, ", ".join(details), names, value_of)
+    return replace(llm, sdk_floor=floor)
 
 
 def _http_post(call: ast.Call, names: ModuleNames, value_of: ValueLookup) -> LlmCall | None:

@@ -370,20 +370,19 @@ def _litellm_retries(
         return []
     if node.value <= 0:
         return []
-    sdk = (
-        str(deployment_retries + 1)
-        if isinstance(deployment_retries, int) and not isinstance(deployment_retries, bool)
-        else "?"
-    )
+    known = isinstance(deployment_retries, int) and not isinstance(deployment_retries, bool)
+    sdk = deployment_retries + 1 if known and isinstance(deployment_retries, int) else None
+    worst = (node.value + 1) * (sdk or 1) * _CALLER_ATTEMPTS
+    total = f"= {worst}" if sdk is not None else f"= at least {worst}"
     return [
         _finding(
             path,
             node.line,
             "PO503",
             f"{label}: {node.value}: the LiteLLM proxy re-sends each call up to {node.value + 1}"
-            f" times on top of the callers' SDK retries: {node.value + 1} x {sdk} (proxy SDK) x"
-            f" {_CALLER_ATTEMPTS} (callers' default max_retries=2) billed calls at worst; keep"
-            " one layer: num_retries: 0 here, or max_retries=0 in every caller",
+            f" times on top of the callers' SDK retries: {node.value + 1} x {sdk or '?'} (proxy"
+            f" SDK) x {_CALLER_ATTEMPTS} (callers' default max_retries=2) {total} billed calls at"
+            " worst; keep one layer: num_retries: 0 here, or max_retries=0 in every caller",
         )
     ]
 

@@ -32,6 +32,7 @@ __all__ = [
     "is_deriving_call",
     "key_value",
     "looks_like_llm_url",
+    "protected_client",
 ]
 
 SDK_DEFAULT_RETRIES = 2
@@ -162,6 +163,8 @@ class ClientInfo:
     default_key: bool = False
     # LangChain's ``.with_retry()`` wraps the model in an application retry layer.
     wrapper_retries: tuple[tuple[int | None, int], ...] = ()
+    # payonce.client.protect(): SDK retries off, the payonce policy retries with one key.
+    protected: bool = False
 
     @property
     def label(self) -> str:
@@ -173,6 +176,9 @@ class ClientInfo:
         return None if self.max_retries is None else self.max_retries + 1
 
     def describe_retries(self) -> str:
+        if self.protected:
+            attempts = self.sdk_attempts if self.sdk_attempts is not None else "?"
+            return f"payonce protect(), {attempts} keyed attempts per call"
         if self.max_retries is None:
             return "max_retries unknown"
         if self.retries_given:
@@ -204,13 +210,45 @@ def client_from_call(call: ast.Call, names: ModuleNames, name: str) -> ClientInf
     else:
         retries = names.integer(given)
     headers = _keyword(call, "default_headers")
+    http_client = _keyword(call, "http_client")
     return ClientInfo(
         kind=kind,
         name=name,
         line=call.lineno,
         max_retries=retries,
         retries_given=given is not None,
+        # An IdempotentTransport underneath sends one key per SDK call.
+        sends_sdk_key=http_client is not None and _uses_payonce_transport(http_client, names),
         default_key=headers is not None and has_key_header(headers, names) is not False,
+    )
+
+
+def protected_client(base: ClientInfo, call: ast.Call, names: ModuleNames) -> ClientInfo:
+    """``payonce.client.protect(client, policy=RetryPolicy(attempts=N))``."""
+    attempts: int | None = 3  # RetryPolicy's default
+    policy = _keyword(call, "policy")
+    if policy is not None:
+        given = _keyword(policy, "attempts") if isinstance(policy, ast.Call) else None
+        attempts = (
+            names.integer(given)
+            if given is not None
+            else (3 if isinstance(policy, ast.Call) else None)
+        )
+    return replace(
+        base,
+        max_retries=None if attempts is None else attempts - 1,
+        retries_given=True,
+        sends_sdk_key=True,
+        protected=True,
+    )
+
+
+def _uses_payonce_transport(node: ast.expr, names: ModuleNames) -> bool:
+    return any(
+        isinstance(inner, ast.Call)
+        and (names.qualify(inner.func) or "").startswith("payonce.client")
+        and (names.qualify(inner.func) or "").endswith("IdempotentTransport")
+        for inner in ast.walk(node)
     )
 
 

@@ -1,0 +1,139 @@
+"""Every rule against its fixtures: exactly the annotated findings, nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from payonce.lint import lint_file
+from payonce.lint.engine import FileKind, kind_of
+from tests.lint.conftest import FIXTURES, expected_findings
+
+ANNOTATED = sorted(
+    path
+    for path in [*FIXTURES.glob("python/*.py"), *FIXTURES.glob("configs/*")]
+    if not path.name.startswith("broken_")
+)
+
+
+@pytest.mark.parametrize("path", ANNOTATED, ids=lambda path: path.name)
+def test_fixture_findings_match_their_annotations(path: Path) -> None:
+    kind = kind_of(path)
+    assert kind is not None
+    found = {(finding.line, finding.code) for finding in lint_file(str(path), kind)}
+    assert found == expected_findings(path)
+
+
+def test_every_rule_has_a_positive_fixture() -> None:
+    from payonce.lint import RULES
+
+    annotated = {code for path in ANNOTATED for _, code in expected_findings(path)}
+    assert annotated | {"PO901", "PO902"} == set(RULES)
+
+
+def messages(path: Path, code: str) -> list[str]:
+    kind = kind_of(path)
+    assert kind is not None
+    return [
+        f"{finding.line}: {finding.message}"
+        for finding in lint_file(str(path), kind)
+        if finding.code == code
+    ]
+
+
+def test_stack_arithmetic_uses_the_literals() -> None:
+    found = messages(FIXTURES / "python/stacked_sdk_retries.py", "PO101")
+    by_line = {int(text.split(":")[0]): text for text in found}
+    assert "3 x 5 = 15 billed calls" in by_line[23]  # default max_retries=2, stop_after_attempt(5)
+    assert "5 x 3 = 15" in by_line[33]  # max_retries=4, stop_after_attempt(3) | stop_after_delay
+    assert "3 x 4 = 12" in by_line[38]  # backoff max_tries=4
+    assert "3 x 10 = 30" in by_line[43]  # stamina's default attempts
+    assert "3 x 3 = 9" in by_line[49]  # for attempt in range(3)
+    assert "6 x ? = at least 6 (some factors unknown)" in by_line[82]  # while True
+    assert "3 x 6 = 18" in by_line[91]  # Celery max_retries=5
+    assert "tenacity @retry on line 98" in by_line[95]  # through calls_helper()
+
+
+def test_aliases_resolve() -> None:
+    found = messages(FIXTURES / "python/stacked_sdk_retries.py", "PO101")
+    assert any("OpenAI SDK client `oa.OpenAI`" in text for text in found)  # import openai as oa
+    assert any("`client`, line 16" in text for text in found)  # from openai import OpenAI as C
+    assert any("`self.client`, line 77 (max_retries=5)" in text for text in found)
+    assert any("`openai (module)`" in text for text in found)
+
+
+def test_sdk_key_does_not_survive_application_retries() -> None:
+    (text,) = messages(FIXTURES / "python/keys.py", "PO201")[1:2]
+    assert "minted per SDK call, so it is new on every application attempt" in text
+
+
+def test_litellm_unknown_factor_is_said_honestly() -> None:
+    (text,) = messages(FIXTURES / "python/keys.py", "PO101")[1:]
+    assert "max_retries not set: provider SDK retries unknown" in text
+    assert "at least 6" in text
+
+
+def test_proxy_stacks() -> None:
+    (first, second) = messages(FIXTURES / "configs/envoy.yaml", "PO502")
+    assert "up to 4 billed calls per request, 12 with the callers' default SDK retries" in first
+    assert "per_try_timeout 10s" in first
+    assert "up to 2 billed calls" in second  # Envoy's default num_retries is 1
+    nginx = messages(FIXTURES / "configs/nginx_llm.conf", "PO501")
+    assert any("up to 3 billed calls per request" in text for text in nginx)
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "needle"),
+    [
+        ("broken_envoy.yaml", 4, "unexpected indentation"),
+        ("broken_nginx.conf", 4, "has no ';'"),
+    ],
+)
+def test_unparsable_configs_are_po902(name: str, line: int, needle: str) -> None:
+    path = FIXTURES / "configs" / name
+    kind = kind_of(path)
+    assert kind is not None
+    (finding,) = lint_file(str(path), kind)
+    assert (finding.code, finding.line) == ("PO902", line)
+    assert needle in finding.message
+
+
+def test_unparsable_python_is_po901(tmp_path: Path) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text((FIXTURES / "syntax_error.py.txt").read_text())
+    (finding,) = lint_file(str(path), FileKind.PYTHON)
+    assert (finding.code, finding.line) == ("PO901", 3)
+    assert "syntax error" in finding.message
+
+
+def test_null_bytes_are_po901_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "nul.py"
+    path.write_bytes(b"import openai\x00\n")
+    (finding,) = lint_file(str(path), FileKind.PYTHON)
+    assert finding.code == "PO901"
+
+
+def test_coding_cookie_is_honoured(tmp_path: Path) -> None:
+    path = tmp_path / "latin.py"
+    source = "# -*- coding: latin-1 -*-\nfrom openai import OpenAI\nname = 'caf\xe9'\n"
+    source += "OpenAI(timeout=5, max_retries=0)\n"
+    path.write_bytes(source.encode("latin-1"))
+    assert [finding.code for finding in lint_file(str(path), FileKind.PYTHON)] == ["PO301"]
+
+
+def test_modules_without_llm_calls_are_only_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "plain.py"
+    path.write_text(
+        "import time\n"
+        "def f(client):\n"
+        "    for _ in range(3):\n"
+        "        try:\n"
+        "            return client.chat.completions.create()\n"
+        "        except TimeoutError:\n"
+        "            continue\n"
+    )
+    assert lint_file(str(path), FileKind.PYTHON) == []
+    path.write_text("import openai\n" + path.read_text())
+    codes = sorted(finding.code for finding in lint_file(str(path), FileKind.PYTHON))
+    assert codes == ["PO201", "PO401"]  # an unknown client: no SDK factor claimed
