@@ -403,3 +403,31 @@ async def test_async_gateway_check() -> None:
         response = await http.post(URL, json={})
     assert response.json() == {"answer": 42}
     assert fake.seen[1].url.host == "gw.test"
+
+
+class SlowBody(httpx2.SyncByteStream):
+    """A body whose every chunk takes 2 s on the manual clock."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for _ in range(10):
+            self.clock.advance(2.0)
+            yield b"x" * 10
+
+
+def test_a_body_trickling_past_the_deadline_is_cut_off() -> None:
+    clock = ManualClock()
+    handler, seen = script(httpx2.Response(200, stream=SlowBody(clock)))
+    policy = RetryPolicy(deadline=5)
+    with client(handler, clock=clock, policy=policy)[0] as http, pytest.raises(httpx2.ReadTimeout):
+        http.post(URL, json={})
+    assert len(seen) == 1  # ambiguous, and no time left for another attempt
+    assert clock.now() - 1_000.0 == 6.0  # three chunks read, then it stopped
+
+
+def test_attempt_history_of_something_else_is_empty() -> None:
+    assert attempt_history(ValueError("x")) == ()
+    assert attempt_history(httpx2.Response(200)) == ()
+    assert attempt_history(None) == ()

@@ -62,6 +62,9 @@ def protect(
 
     A key passed as ``extra_headers={"Idempotency-Key": ...}`` is used for
     that call instead of a new UUID.
+
+    Protect a client once and reuse it: each protected copy has its own
+    connection pool and its own retry budget (pass ``budget=`` to share one).
     """
     policy = policy or RetryPolicy()
     sdk = cast(Any, client)
