@@ -49,8 +49,13 @@ class _Recorder:
         self.recorded = 0
         self.ok = True
         self._last_flush = asyncio.get_running_loop().time()
+        self._begun: asyncio.Task[None] | None = None
 
-    async def begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
+    def begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
+        """Start recording in the background: relaying the first event must not wait for it."""
+        self._begun = asyncio.get_running_loop().create_task(self._begin(status, headers))
+
+    async def _begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         try:
             self.ok = await self.store.begin_stream(
                 self.tenant, self.key, self.token, status, headers
@@ -67,6 +72,8 @@ class _Recorder:
 
     async def flush(self) -> None:
         self._last_flush = asyncio.get_running_loop().time()
+        if self._begun is not None:
+            await self._begun
         if not self.pending or not self.ok:
             self.pending.clear()
             return
@@ -98,7 +105,7 @@ async def record_stream(
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record."""
     recorder = _Recorder(store, tenant, key, token)
-    await recorder.begin(response.status, response.headers)
+    recorder.begin(response.status, response.headers)
     splitter = EventSplitter()
     usage = StreamUsage()
 
