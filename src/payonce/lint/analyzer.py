@@ -87,6 +87,8 @@ class _Analyzer:
         self.values: dict[tuple[int, str], ast.expr] = {}
         self.subscript_keys: dict[tuple[int, str], set[str]] = defaultdict(set)
         self.functions: dict[tuple[int, str], int] = {}
+        self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.resolving: set[int] = set()
         self.stack: list[_Scope] = []
         self.layers: tuple[RetryLayer, ...] = ()
         self.fresh_names: dict[tuple[int, str], frozenset[int]] = {}
@@ -144,6 +146,8 @@ class _Analyzer:
             found = table.get((id(scope), name))
             if found is not None:
                 return found
+            if head in _parameters(scope) or (id(scope), head) in self.values:
+                return None  # a parameter or a local shadows the outer names
         return None
 
     def _client_of(self, node: ast.expr) -> ClientInfo | None:
@@ -161,10 +165,35 @@ class _Analyzer:
                 assert isinstance(node.func, ast.Attribute)
                 base = self._client_of(node.func.value)
                 return derive_client(base, node, self.names) if base is not None else None
-            return None
+            return self._returned_client(node)
         if isinstance(node, ast.Await):
             return self._client_of(node.value)
+        if isinstance(node, ast.BoolOp | ast.IfExp):
+            # client or OpenAI(...), OpenAI(...) if x else AsyncOpenAI(...): the one we can see.
+            options = node.values if isinstance(node, ast.BoolOp) else [node.body, node.orelse]
+            for option in options:
+                found = self._client_of(option)
+                if found is not None:
+                    return found
+            return None
         return self._lookup(self.clients, node)
+
+    def _returned_client(self, call: ast.Call) -> ClientInfo | None:
+        """The client a local function or method returns: ``client = self._get_client()``."""
+        callee = self._local_function(call.func)
+        function = self.function_nodes.get(callee) if callee is not None else None
+        if function is None or id(function) in self.resolving:
+            return None
+        self.resolving.add(id(function))
+        try:
+            for node in walk_local(function.body):
+                if isinstance(node, ast.Return) and node.value is not None:
+                    found = self._client_of(node.value)
+                    if found is not None:
+                        return found
+        finally:
+            self.resolving.discard(id(function))
+        return None
 
     def _value_of(self, name: str) -> tuple[ast.expr | None, frozenset[str]]:
         scope = id(self._function_scope())
@@ -191,6 +220,7 @@ class _Analyzer:
             self.stack.pop()
 
     def _record_function(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.function_nodes[id(function)] = function
         if isinstance(self.stack[-1], ast.ClassDef):
             self.functions[(id(self.stack[-1]), "self." + function.name)] = id(function)
         else:
@@ -549,6 +579,15 @@ class _Analyzer:
         end_line = getattr(node, "end_lineno", None) or line
         end_column = (getattr(node, "end_col_offset", None) or column - 1) + 1
         self.findings.append(Finding(self.path, line, column, code, message, end_line, end_column))
+
+
+def _parameters(scope: _Scope) -> set[str]:
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        return set()
+    arguments = scope.args
+    names = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    names += [argument for argument in (arguments.vararg, arguments.kwarg) if argument]
+    return {argument.arg for argument in names}
 
 
 def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:

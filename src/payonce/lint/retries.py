@@ -12,6 +12,8 @@ Recognised:
 - stamina ``@retry``/``retry_context`` (``attempts``, default 10);
 - retrying ``@retry`` (``stop_max_attempt_number``);
 - Celery tasks with ``autoretry_for`` or ``self.retry()`` (``max_retries``, default 3);
+- any other decorator named like a retry (``@llm_retry_decorator``, ``@with_retries``):
+  a layer of unknown attempts, since its definition is usually in another module;
 - ``for ... in range(n)``/``itertools.count()``/``while`` loops whose body has
   a ``try`` with a success exit (``return``/``break``) and a handler that goes
   round again (``continue`` or falling through).
@@ -20,6 +22,7 @@ Recognised:
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from payonce.lint.names import ModuleNames, iter_calls
@@ -33,6 +36,7 @@ __all__ = [
 ]
 
 _TERMINAL = (ast.Raise, ast.Return, ast.Break)
+_CUSTOM_RETRY = re.compile(r"^(?!no_|without_|skip_).*retr(y|ies|ying)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,12 @@ def _decorator_layer(
         return RetryLayer("@retrying.retry", line, attempts, _unknown(attempts, "stop"), where)
     if call is not None and function is not None and _is_celery_task(qualified):
         return _celery_layer(call, function, names, line, where)
+    if _CUSTOM_RETRY.search(qualified.rsplit(".", 1)[-1]) and function is not None:
+        # A project's own retry decorator (often a tenacity wrapper in another
+        # module): a layer whose attempts the linter cannot read from here.
+        return RetryLayer(
+            f"@{qualified.rsplit('.', 1)[-1]}", line, None, "attempts not readable here", where
+        )
     return None
 
 
