@@ -15,6 +15,7 @@ from payonce import __version__
 from payonce.config import GatewaySettings, load_toml, parse_duration, parse_size
 from payonce.errors import ConfigError, PayonceError
 from payonce.lint.cli import lint_command
+from payonce.reconcile.cli import reconcile_command
 from payonce.sim.cli import sim_command
 
 __all__ = ["cli", "main"]
@@ -220,6 +221,7 @@ def serve_command(**options: Any) -> None:
 
 
 cli.add_command(sim_command, "sim")
+cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")
 
 

@@ -1,0 +1,1 @@
+"""Reconcile: join call logs with a provider's bill by request id."""

@@ -1,0 +1,352 @@
+"""Load input files into three DuckDB tables: ``calls``, ``bill`` and ``malformed``.
+
+Each file is read once by DuckDB's own readers, so nothing has to fit in memory:
+
+- **CSV** goes through ``read_csv`` with every column typed (money as
+  ``DECIMAL(18,10)``, counts as ``BIGINT``, timestamps as ``TIMESTAMPTZ``). A row
+  DuckDB cannot parse or convert is kept out of the table and written to a
+  rejects table with its physical line number; those rows become ``malformed``.
+- **JSON lines** are read as raw text lines (``read_csv`` with a delimiter that a
+  JSON text never contains unescaped), numbered in file order, and parsed with
+  one ``json_extract_string`` per line. A line that is not a JSON object, or whose
+  values have the wrong type, is malformed with that line number.
+- **A JSON document** (an array of records, or ``{"data": [...]}``) is read with
+  ``read_json``; its records are numbered from 1 ("record N" rather than a line).
+
+Blank lines are skipped. Money is exact: ``DECIMAL(18,10)`` sums without the
+drift of binary floats, so a report says 0.3, not 0.30000000000000004.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from payonce.errors import ConfigError
+from payonce.reconcile.engine import Engine, sql_string
+from payonce.reconcile.schema import FieldKind, Side, SourceFormat, fields_of
+from payonce.reconcile.sniff import Container, Sniffed
+
+__all__ = ["LoadedSource", "Source", "create_tables", "load_source", "resolve_columns"]
+
+MONEY = "DECIMAL(18,10)"
+_MAX_LINE = 64 << 20
+# Statuses written as words (LiteLLM writes "success"/"failure").
+_SUCCESS_WORDS = "('success', 'succeeded', 'ok', 'completed', 'true')"
+
+_TABLES = f"""
+CREATE TABLE calls (
+    src INTEGER, pos BIGINT, business_id VARCHAR, provider_request_id VARCHAR,
+    model VARCHAR, endpoint VARCHAR, tag VARCHAR, success BOOLEAN,
+    unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR);
+CREATE TABLE bill (
+    src INTEGER, pos BIGINT, provider_request_id VARCHAR, cost_usd {MONEY},
+    model VARCHAR, endpoint VARCHAR, input_tokens BIGINT, output_tokens BIGINT,
+    ts TIMESTAMPTZ, reason VARCHAR);
+CREATE TABLE malformed (src INTEGER, line BIGINT, reason VARCHAR);
+"""
+
+_CSV_TYPES = {
+    FieldKind.TEXT: "VARCHAR",
+    FieldKind.STATUS: "VARCHAR",
+    FieldKind.MONEY: MONEY,
+    FieldKind.COUNT: "BIGINT",
+    FieldKind.TIMESTAMP: "TIMESTAMPTZ",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One input file, sniffed, with its format and the columns it will be read from.
+
+    ``columns`` maps each normalized field the file provides to its column (a
+    field whose optional column is absent is simply not there).
+    """
+
+    index: int
+    sniffed: Sniffed
+    side: Side
+    format: SourceFormat
+    columns: Mapping[str, str]
+
+    @property
+    def label(self) -> str:
+        return str(self.sniffed.path)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSource:
+    """A source after loading: rows kept and rows reported as malformed."""
+
+    source: Source
+    rows: int
+    malformed: int
+
+
+def _present(column: str, sniffed: Sniffed) -> bool:
+    if column in sniffed.columns:
+        return True
+    # JSON sources accept a dotted path into a nested object (metadata.team).
+    head = column.split(".", 1)[0]
+    return sniffed.container is not Container.CSV and "." in column and head in sniffed.columns
+
+
+def resolve_columns(index: int, sniffed: Sniffed, side: Side, fmt: SourceFormat) -> Source:
+    """Match a format to a file's columns; a missing required column is an error (exit 2)."""
+    columns: dict[str, str] = {}
+    for name, column in fmt.columns.items():
+        if _present(column, sniffed):
+            columns[name] = column
+        elif name in fmt.required:
+            flag = f"--{side.value}-map"
+            found = ", ".join(sniffed.columns[:12]) or "none"
+            raise ConfigError(
+                f"{sniffed.path}: missing column {column!r} ({fmt.name} {side.value} format,"
+                f" field {name}; name another with {flag} {name}=COLUMN; columns found: {found})"
+            )
+    return Source(index, sniffed, side, fmt, columns)
+
+
+def create_tables(engine: Engine) -> None:
+    """Create the empty ``calls``, ``bill`` and ``malformed`` tables."""
+    engine.execute(_TABLES)
+
+
+def load_source(engine: Engine, source: Source) -> LoadedSource:
+    """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``."""
+    table = "calls" if source.side is Side.CALLS else "bill"
+    if source.sniffed.container is Container.CSV:
+        rejects = f"rejects_{source.index}"
+        engine.execute(
+            f"INSERT INTO {table} BY NAME {_csv_select(source, rejects)}", source=source.label
+        )
+        engine.execute(
+            f"INSERT INTO malformed SELECT {source.index}, line, {_REJECT_REASON}"
+            f" FROM {rejects}_errors ORDER BY line",
+            source=source.label,
+        )
+        engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
+    else:
+        engine.execute(f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label)
+        engine.execute(
+            f"INSERT INTO malformed SELECT src, pos, reason FROM {table}"
+            f" WHERE src = {source.index} AND reason IS NOT NULL ORDER BY pos"
+        )
+        engine.execute(f"DELETE FROM {table} WHERE src = {source.index} AND reason IS NOT NULL")
+    rows = engine.scalar(f"SELECT count(*) FROM {table} WHERE src = {source.index}")
+    bad = engine.scalar(f"SELECT count(*) FROM malformed WHERE src = {source.index}")
+    return LoadedSource(source, int(rows or 0), int(bad or 0))
+
+
+# ---------------------------------------------------------------- CSV
+
+
+_REJECT_REASON = """CASE error_type
+    WHEN 'CAST' THEN 'column "' || column_name || '": ' || coalesce(nullif(
+        regexp_replace(error_message, '^Error when converting column "[^"]*"\\.\\s*', ''),
+        ''), 'empty')
+    WHEN 'MISSING COLUMNS' THEN 'too few columns (' || error_message || ')'
+    WHEN 'TOO MANY COLUMNS' THEN 'too many columns (' || error_message || ')'
+    ELSE lower(error_type) || ': ' || error_message END"""
+
+
+def _csv_select(source: Source, rejects: str) -> str:
+    sniffed = source.sniffed
+    fields = fields_of(source.side)
+    kind_of_column: dict[str, FieldKind] = {}
+    for name, column in source.columns.items():
+        kind_of_column.setdefault(column, fields[name])
+    types = ", ".join(
+        f"{sql_string(column)}: '{_CSV_TYPES[kind_of_column.get(column, FieldKind.TEXT)]}'"
+        for column in _unique_names(sniffed.columns)
+    )
+    # Money columns keep '' instead of NULL, so an empty amount fails to convert
+    # and is rejected with its line number instead of passing as "no cost".
+    money = [c for n, c in source.columns.items() if fields[n] is FieldKind.MONEY]
+    reader = (
+        f"read_csv({sql_string(str(sniffed.path))}, header = true, auto_detect = false,"
+        f" delim = {sql_string(sniffed.delimiter)}, quote = '\"', escape = '\"',"
+        f" columns = {{{types}}}, store_rejects = true,"
+        f" rejects_table = '{rejects}_errors', rejects_scan = '{rejects}_scans',"
+        f" force_not_null = [{', '.join(sql_string(c) for c in money)}],"
+        f" compression = '{'gzip' if sniffed.gzip else 'none'}', max_line_size = {_MAX_LINE})"
+    )
+    values = {name: _quoted(column) for name, column in source.columns.items()}
+    scope, flag = source.format.business_scope, source.format.unkeyed_retry_flag
+    return _normalize(
+        source,
+        values,
+        f"SELECT row_number() OVER () AS __pos, * FROM {reader}",
+        scope=_quoted(scope) if scope and scope in sniffed.columns else None,
+        retry_flag=_quoted(flag) if flag and flag in sniffed.columns else None,
+    )
+
+
+def _unique_names(columns: tuple[str, ...]) -> list[str]:
+    # DuckDB needs distinct names; a repeated header is read under a suffixed name.
+    seen: dict[str, int] = {}
+    names = []
+    for column in columns:
+        count = seen.get(column, 0)
+        seen[column] = count + 1
+        names.append(column if count == 0 else f"{column}_{count}")
+    return names
+
+
+def _quoted(column: str) -> str:
+    return '"' + column.replace('"', '""') + '"'
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _json_path(column: str, sniffed: Sniffed) -> str:
+    parts = [column] if column in sniffed.columns else column.split(".")
+    return "$" + "".join("." + '"' + part.replace('"', '\\"') + '"' for part in parts)
+
+
+def _json_reader(sniffed: Sniffed) -> str:
+    path = sql_string(str(sniffed.path))
+    compression = "gzip" if sniffed.gzip else "none"
+    if sniffed.container is Container.JSONL:
+        # \x01 never appears unescaped in JSON text, so each line is one value.
+        reader = (
+            f"read_csv({path}, columns = {{'j': 'VARCHAR'}}, header = false,"
+            f" auto_detect = false, delim = '\x01', quote = '', escape = '',"
+            f" strict_mode = false, compression = '{compression}', max_line_size = {_MAX_LINE})"
+        )
+        return f"SELECT row_number() OVER () AS __pos, j FROM {reader}"
+    reader = (
+        f"read_json({path}, format = 'auto', records = false, columns = {{'json': 'JSON'}},"
+        f" compression = '{compression}', maximum_object_size = {1 << 30})"
+    )
+    return (
+        "SELECT row_number() OVER () AS __pos, j FROM (SELECT unnest(CASE"
+        " WHEN json_type(json) = 'ARRAY' THEN json_extract(json, '$[*]')"
+        " WHEN json_type(json) = 'OBJECT' AND json_type(json, '$.data') = 'ARRAY'"
+        " THEN json_extract(json, '$.data[*]') ELSE [json] END)::VARCHAR AS j"
+        f" FROM {reader})"
+    )
+
+
+def _json_select(source: Source) -> str:
+    sniffed = source.sniffed
+    wanted = dict(source.columns)
+    extras = [c for c in (source.format.business_scope, source.format.unkeyed_retry_flag) if c]
+    paths = [*wanted.values(), *(c for c in extras if _present(c, sniffed))]
+    slot = {column: index + 1 for index, column in enumerate(dict.fromkeys(paths))}
+    path_list = ", ".join(sql_string(_json_path(column, sniffed)) for column in slot)
+    parsed = (
+        "SELECT __pos, CASE WHEN ltrim(j) LIKE '{%' THEN"
+        f" try(json_extract_string(j, [{path_list}])) END AS v"
+        f" FROM ({_json_reader(sniffed)}) WHERE trim(coalesce(j, '')) <> ''"
+    )
+    values = {name: f"v[{slot[column]}]" for name, column in wanted.items()}
+    fields = fields_of(source.side)
+    checks = ["WHEN v IS NULL THEN 'not a JSON object'"]
+    for name, raw in values.items():
+        kind = fields[name]
+        column = source.columns[name]
+        if kind is FieldKind.MONEY:
+            checks.append(f"WHEN {raw} IS NULL THEN '{column}: missing'")
+        typed = _typed(raw, kind)
+        if kind in (FieldKind.MONEY, FieldKind.COUNT, FieldKind.TIMESTAMP):
+            checks.append(
+                f"WHEN {raw} IS NOT NULL AND {typed} IS NULL THEN"
+                f" '{column}: not {_NOUN[kind]}: ' || {raw}"
+            )
+        values[name] = typed
+    scope = source.format.business_scope
+    flag = source.format.unkeyed_retry_flag
+    reason = "CASE " + " ".join(checks) + " END"
+    return _normalize(
+        source,
+        values,
+        parsed,
+        reason=reason,
+        scope=f"v[{slot[scope]}]" if scope in slot else None,
+        retry_flag=f"v[{slot[flag]}]" if flag in slot else None,
+    )
+
+
+_NOUN = {
+    FieldKind.MONEY: "a number",
+    FieldKind.COUNT: "an integer",
+    FieldKind.TIMESTAMP: "a timestamp",
+}
+
+
+def _typed(raw: str, kind: FieldKind) -> str:
+    if kind is FieldKind.MONEY:
+        return f"try_cast({raw} AS {MONEY})"
+    if kind is FieldKind.COUNT:
+        return f"try_cast({raw} AS BIGINT)"
+    if kind is FieldKind.TIMESTAMP:
+        return f"try_cast({raw} AS TIMESTAMPTZ)"
+    return raw
+
+
+# ---------------------------------------------------------------- both
+
+
+def _normalize(
+    source: Source,
+    values: Mapping[str, str],
+    relation: str,
+    *,
+    reason: str = "NULL",
+    scope: str | None = None,
+    retry_flag: str | None = None,
+) -> str:
+    """SELECT the normalized columns of one side from ``relation`` (which has ``__pos``).
+
+    ``values`` holds an SQL expression per field the source provides; ``scope``
+    and ``retry_flag`` are the expressions of the format's business scope and
+    unkeyed-retry columns, when the file has them.
+    """
+
+    def text(name: str) -> str:
+        value = values.get(name)
+        return f"nullif(trim({value}), '')" if value else "NULL"
+
+    def plain(name: str) -> str:
+        return values.get(name) or "NULL"
+
+    columns = [f"{source.index} AS src", "__pos AS pos", f"{reason} AS reason"]
+    columns += [f"{text(name)} AS {name}" for name in ("provider_request_id", "model", "endpoint")]
+    columns.append(f"{plain('ts')} AS ts")
+    if source.side is Side.BILL:
+        columns += [
+            f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
+        ]
+        return f"SELECT {', '.join(columns)} FROM ({relation})"
+    key = text("business_id")
+    if scope:
+        key = f"CASE WHEN {key} IS NOT NULL THEN coalesce({scope} || ':', '') || {key} END"
+    retry = (
+        f"({key} IS NULL AND coalesce(try_cast({retry_flag} AS BOOLEAN), false))"
+        if retry_flag
+        else "false"
+    )
+    status = values.get("status")
+    success = (
+        f"CASE WHEN nullif(trim({status}), '') IS NULL THEN true"
+        f" WHEN try_cast({status} AS INTEGER) IS NOT NULL"
+        f" THEN try_cast({status} AS INTEGER) BETWEEN 200 AND 299"
+        f" ELSE lower(trim({status})) IN {_SUCCESS_WORDS} END"
+        if status
+        else "true"
+    )
+    # A call without a business id is its own business request, unless it is a
+    # retry known to have been sent without one (then it duplicates another call).
+    business = (
+        f"CASE WHEN {key} IS NOT NULL THEN {key}"
+        f" WHEN NOT {retry} THEN '#{source.index}:' || __pos END"
+    )
+    columns += [
+        f"{business} AS business_id",
+        f"{text('tag')} AS tag",
+        f"{success} AS success",
+        f"{retry} AS unkeyed_retry",
+    ]
+    return f"SELECT {', '.join(columns)} FROM ({relation})"

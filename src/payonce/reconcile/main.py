@@ -1,0 +1,99 @@
+"""The body of ``payonce reconcile`` once its flags are parsed (imports DuckDB and rich)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from payonce.errors import ConfigError
+from payonce.reconcile.alerts import (
+    ALERT_EXIT_CODE,
+    Thresholds,
+    check_webhook_url,
+    evaluate,
+    post_webhook,
+)
+from payonce.reconcile.analysis import AnalysisSettings
+from payonce.reconcile.cli import now, parse_threshold, write_json
+from payonce.reconcile.engine import EngineSettings
+from payonce.reconcile.html import render_html
+from payonce.reconcile.run import ReconcileOptions, reconcile
+from payonce.reconcile.schema import Side, parse_column_map
+from payonce.reconcile.terminal import BarProgress, render
+
+__all__ = ["run_command"]
+
+_PROGRESS_FROM_BYTES = 64 << 20
+
+
+def _input_bytes(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            continue  # reported by the reader, with a proper message
+    return total
+
+
+def _options(flags: dict[str, Any], temp_dir: Path) -> ReconcileOptions:
+    factor = parse_threshold("--outlier-factor", flags["outlier_factor"])
+    if factor is None or factor <= 1:
+        raise ConfigError("--outlier-factor: must be above 1")
+    return ReconcileOptions(
+        calls_format=None if flags["calls_format"] == "auto" else flags["calls_format"],
+        bill_format=None if flags["bill_format"] == "auto" else flags["bill_format"],
+        calls_map=parse_column_map(flags["calls_map"], Side.CALLS),
+        bill_map=parse_column_map(flags["bill_map"], Side.BILL),
+        engine=EngineSettings(
+            memory_limit=flags["memory_limit"],
+            temp_directory=temp_dir,
+            threads=flags["threads"],
+        ),
+        analysis=AnalysisSettings(outlier_factor=factor),
+    )
+
+
+def run_command(flags: dict[str, Any]) -> int:
+    """Run one reconciliation; the exit code (0, or 3 when a threshold is exceeded)."""
+    thresholds = Thresholds(
+        max_duplicate_ratio=parse_threshold("--max-duplicate-ratio", flags["max_duplicate_ratio"]),
+        max_cost_per_call=parse_threshold("--max-cost-per-call", flags["max_cost_per_call"]),
+    )
+    webhook = check_webhook_url(flags["webhook"]) if flags["webhook"] else None
+    calls, bills = list(flags["calls"]), list(flags["bills"])
+    # The summary goes to stderr when the JSON goes to stdout, so pipes stay clean.
+    console = Console(stderr=flags["json_path"] == "-", highlight=False)
+    stderr = Console(stderr=True)
+    show_progress = flags["progress"]
+    if show_progress is None:
+        show_progress = stderr.is_terminal and _input_bytes(calls + bills) >= _PROGRESS_FROM_BYTES
+    progress = BarProgress(stderr) if show_progress else None
+
+    with tempfile.TemporaryDirectory(prefix="payonce-reconcile-", dir=flags["temp_dir"]) as temp:
+        report = reconcile(calls, bills, _options(flags, Path(temp)), progress)
+    alerts = evaluate(report, thresholds)
+    document = report.as_json(alerts)
+
+    if not flags["quiet"]:
+        render(console, report, alerts)
+    elif alerts:
+        for alert in alerts:
+            stderr.print(f"[bold red]ALERT:[/bold red] {alert.message}")
+    if flags["json_path"]:
+        write_json(flags["json_path"], document)
+    if flags["html_path"]:
+        try:
+            flags["html_path"].write_text(render_html(report, alerts, now()), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--html: cannot write {flags['html_path']}: {exc.strerror}") from exc
+    if webhook and (alerts or flags["webhook_on"] == "always"):
+        post_webhook(webhook, document)
+    if alerts:
+        sys.stderr.flush()
+        return ALERT_EXIT_CODE
+    return 0

@@ -1,0 +1,148 @@
+"""A look at the first lines of an input file: container, compression, columns, format.
+
+Only the head of a file is read here (gzip is recognised by its magic bytes, not
+by the name); DuckDB reads the whole file later. What a file *is* comes from
+its content: a ``{`` line is JSON lines, a ``[`` is a JSON document, anything
+else is a CSV header. The format (payonce, ledger, LiteLLM, generic) is the
+first whose signature columns are all present.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from payonce.errors import ConfigError
+from payonce.reconcile.schema import Side, SourceFormat, format_named, formats_for
+
+__all__ = ["Container", "Sniffed", "detect_format", "sniff"]
+
+_SAMPLE_BYTES = 1 << 20  # enough for a header and a few hundred JSON lines
+_SAMPLE_LINES = 200
+_DELIMITERS = (",", "\t", ";", "|")
+
+
+class Container(enum.Enum):
+    """How records are laid out in the file."""
+
+    CSV = "csv"
+    JSONL = "jsonl"
+    JSON = "json"  # one document: an array of records, or {"data": [...]}
+
+
+@dataclass(frozen=True, slots=True)
+class Sniffed:
+    """What the head of a file says about it.
+
+    ``columns`` is the CSV header, or for JSON the keys seen in the sampled
+    records (in first-seen order).
+    """
+
+    path: Path
+    container: Container
+    gzip: bool
+    columns: tuple[str, ...]
+    delimiter: str = ","
+
+
+def _head(path: Path) -> tuple[bytes, bool]:
+    try:
+        with path.open("rb") as raw:
+            magic = raw.read(2)
+            raw.seek(0)
+            if magic == b"\x1f\x8b":
+                with gzip.open(raw) as unzipped:
+                    return unzipped.read(_SAMPLE_BYTES), True
+            return raw.read(_SAMPLE_BYTES), False
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory") from None
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+
+
+def _lines(head: bytes) -> list[str]:
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    lines = text.splitlines()
+    if len(head) == _SAMPLE_BYTES and lines:
+        lines.pop()  # probably cut in the middle
+    return [line for line in lines if line.strip()]
+
+
+def _delimiter(header: str) -> str:
+    counts = {sep: header.count(sep) for sep in _DELIMITERS}
+    best = max(counts, key=lambda sep: counts[sep])
+    return best if counts[best] else ","
+
+
+def _json_keys(records: list[object]) -> tuple[str, ...]:
+    keys: dict[str, None] = {}
+    for record in records:
+        if isinstance(record, dict):
+            keys.update(dict.fromkeys(record))
+    return tuple(keys)
+
+
+def sniff(path: Path) -> Sniffed:
+    """Read the head of ``path`` and tell its container and columns."""
+    head, zipped = _head(path)
+    lines = _lines(head)
+    if not lines:
+        raise ConfigError(f"{path}: empty file")
+    first = lines[0].lstrip()
+    if first.startswith("["):
+        return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+    if first.startswith("{"):
+        try:
+            json.loads(first)
+        except ValueError:
+            # A "{" line that is not a whole object: a pretty-printed document.
+            return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+        records: list[object] = []
+        for line in lines[:_SAMPLE_LINES]:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # malformed lines are counted later, with their numbers
+        return Sniffed(path, Container.JSONL, zipped, _json_keys(records))
+    delimiter = _delimiter(lines[0])
+    header = next(csv.reader(io.StringIO(lines[0]), delimiter=delimiter))
+    return Sniffed(path, Container.CSV, zipped, tuple(name.strip() for name in header), delimiter)
+
+
+def _json_document_keys(head: bytes) -> tuple[str, ...]:
+    # The document may be larger than the sample; decode the records that fit.
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
+    decoder = json.JSONDecoder()
+    if text.startswith("{"):
+        marker = text.find("[")
+        text = text[marker:] if marker >= 0 else ""
+    records: list[object] = []
+    position = 1
+    while len(records) < _SAMPLE_LINES and position < len(text):
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        try:
+            record, position = decoder.raw_decode(text, position)
+        except ValueError:
+            break
+        records.append(record)
+    return _json_keys(records)
+
+
+def detect_format(sniffed: Sniffed, side: Side, forced: str | None) -> SourceFormat:
+    """The format named by ``forced``, else the first whose signature matches."""
+    if forced:
+        return format_named(side, forced)
+    columns = set(sniffed.columns)
+    candidates = formats_for(side)
+    for fmt in candidates:
+        if fmt.signature and fmt.signature <= columns:
+            return fmt
+    return candidates[-1]
