@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -54,3 +56,39 @@ async def test_seeded_failures_in_process() -> None:
             runs.append(statuses)
     assert runs[0] == runs[1]
     assert set(runs[0]) == {200, 500}
+
+
+async def test_clock_stamps_stream_chunks(client: Client) -> None:
+    response = await client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={"X-Sim-Token-Ms": "0"},
+    )
+    assert response.content_type == "text/event-stream"
+    events = (await response.read()).split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [json.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
+    assert {chunk["created"] for chunk in chunks} == {1_700_000_000}
+    ledger = await (await client.get("/_sim/ledger")).json()
+    assert ledger["entries"][0]["finished_at"] == "2023-11-14T22:13:20.000Z"
+
+
+async def test_seeded_stream_deaths_in_process() -> None:
+    config = SimConfig(latency=FixedLatency(0.0), token_interval=0.0, die_mid_stream=0.5, seed=4)
+    runs = []
+    for _ in range(2):
+        async with TestClient(TestServer(build_app(config))) as client:
+            lengths = []
+            for _ in range(20):
+                response = await client.post(
+                    "/v1/messages", json={**CHAT, "max_tokens": 5, "stream": True}
+                )
+                try:
+                    lengths.append(len(await response.read()))
+                except aiohttp.ClientPayloadError:
+                    lengths.append(-1)  # died: the body was cut short
+            runs.append(lengths)
+            assert client.app[LEDGER].billed == sum(length > 0 for length in lengths)
+    assert runs[0] == runs[1]
+    assert -1 in runs[0]
+    assert any(length > 0 for length in runs[0])

@@ -196,10 +196,26 @@ def test_bad_anthropic_request_is_an_anthropic_400(fresh_sim: Sim, body: bytes) 
     assert fresh_sim.ledger()["billed"] == 0
 
 
-def test_stream_is_refused_until_it_exists(fresh_sim: Sim) -> None:
-    response = fresh_sim.post("/v1/chat/completions", {**CHAT_BODY, "stream": True})
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": "usage"}, "stream_options"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+        ),
+    ],
+)
+def test_bad_stream_parameters_are_a_400(fresh_sim: Sim, extra: dict[str, Any], param: str) -> None:
+    response = fresh_sim.post("/v1/chat/completions", {**CHAT_BODY, **extra})
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "stream"
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["param"] == param
+    assert fresh_sim.ledger()["billed"] == 0
 
 
 @pytest.mark.parametrize(
@@ -232,6 +248,13 @@ def test_unknown_anthropic_route_is_an_anthropic_404(sim: Sim) -> None:
         ("X-Sim-Fail", "200"),
         ("X-Sim-Fail", "boom"),
         ("X-Sim-Drop", "maybe"),
+        ("X-Sim-Token-Ms", "fast"),
+        ("X-Sim-Token-Ms", "-1"),
+        ("X-Sim-Token-Ms", "60001"),
+        ("X-Sim-Token-Ms", "nan"),
+        ("X-Sim-Die-After", "-1"),
+        ("X-Sim-Die-After", "three"),
+        ("X-Sim-Die-After", "1.5"),
     ],
 )
 def test_bad_control_header_is_a_400(fresh_sim: Sim, header: str, value: str) -> None:

@@ -106,6 +106,28 @@ def test_anthropic_counts_system_and_messages() -> None:
     ).truncated
 
 
+def test_a_stream_is_sized_like_the_same_request_without_it() -> None:
+    plain = parse_chat(chat("x" * 100, max_tokens=20, n=2))
+    streamed = parse_chat(
+        chat("x" * 100, max_tokens=20, n=2, stream=True, stream_options={"include_usage": True})
+    )
+    assert (plain.stream, plain.include_usage) == (False, False)
+    assert (streamed.stream, streamed.include_usage) == (True, True)
+    sizes = ("input_tokens", "answer_tokens", "output_tokens", "truncated", "choices")
+    assert [getattr(streamed, name) for name in sizes] == [getattr(plain, name) for name in sizes]
+
+    assert parse_chat(chat("x", stream=True)).include_usage is False
+    assert parse_chat(chat("x", stream=True, stream_options={})).include_usage is False
+    assert parse_chat(chat("x", stream=False, stream_options=None)).stream is False
+    completion = parse_completion(
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert (completion.stream, completion.include_usage) == (True, True)
+    message = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_message({**message, "stream": True}).stream is True
+    assert parse_message(message).stream is False
+
+
 def test_same_body_same_usage() -> None:
     assert parse_chat(chat("retry me")) == parse_chat(chat("retry me"))
 
@@ -125,7 +147,14 @@ def test_same_body_same_usage() -> None:
         (parse_chat, chat("x", max_tokens="5"), "max_tokens"),
         (parse_chat, chat("x", max_tokens=True), "max_tokens"),
         (parse_chat, chat("x", n=1000), "n"),
-        (parse_chat, chat("x", stream=True), "stream"),
+        (parse_chat, chat("x", stream="true"), "stream"),
+        (parse_chat, chat("x", stream_options={"include_usage": True}), "stream_options"),
+        (parse_completion, {"model": "m", "prompt": "x", "stream": 1}, "stream"),
+        (
+            parse_message,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user"}], "stream": "on"},
+            "stream",
+        ),
         (parse_completion, {"model": "m"}, "prompt"),
         (parse_completion, {"model": "m", "prompt": ""}, "prompt"),
         (parse_completion, {"model": "m", "prompt": [1, "a"]}, "prompt"),

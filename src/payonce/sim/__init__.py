@@ -9,7 +9,8 @@ spending money, and the real upstream process of the tests and benchmarks.
 Modules, one concept each: :mod:`~payonce.sim.config` (settings and flag parsers),
 :mod:`~payonce.sim.latency`, :mod:`~payonce.sim.faults`, :mod:`~payonce.sim.overrides`
 (per-request headers), :mod:`~payonce.sim.prompts` (request parsing, token estimates),
-:mod:`~payonce.sim.bodies` (response bodies), :mod:`~payonce.sim.provider_errors`,
+:mod:`~payonce.sim.bodies` (response bodies), :mod:`~payonce.sim.streams` (the
+same answers as server-sent events), :mod:`~payonce.sim.provider_errors`,
 :mod:`~payonce.sim.pricing`, :mod:`~payonce.sim.ledger`, :mod:`~payonce.sim.provider`
 (the request path), :mod:`~payonce.sim.app` (routes), :mod:`~payonce.sim.server` and
 :mod:`~payonce.sim.cli`.

@@ -3,10 +3,10 @@
 ========================== ===========================================================
 route                      answer
 ========================== ===========================================================
-POST /v1/chat/completions  OpenAI chat completion
-POST /v1/completions       OpenAI legacy text completion
+POST /v1/chat/completions  OpenAI chat completion (``"stream": true``: its chunks)
+POST /v1/completions       OpenAI legacy text completion (or its chunks)
 POST /v1/embeddings        OpenAI embeddings
-POST /v1/messages          Anthropic message
+POST /v1/messages          Anthropic message (``"stream": true``: its events)
 GET  /v1/models            the priced models (Anthropic's list shape when the request
                            has an ``anthropic-version`` header)
 GET  /_sim/health          ``{"status": "ok"}``

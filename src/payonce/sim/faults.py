@@ -6,9 +6,19 @@ Two kinds, mirroring what a real provider does to a retrying client:
   status answered before any generation starts. Nothing is billed. 429, 503 and 529
   carry ``Retry-After`` as providers do, so clients can test that they honour it.
 * **Drops after compute** (``--drop-after-compute RATE``): the generation finishes and
-  is billed, then the connection closes without a response. The client sees a
-  disconnect and cannot tell whether it was billed; this is the case an idempotency
-  key exists for (DESIGN.md, lessons 1 and 2).
+  is billed, then the connection closes without a response (a stream: without its
+  terminating event, ``[DONE]`` or ``message_stop``). The client sees a disconnect
+  and cannot tell whether it was billed; this is the case an idempotency key exists
+  for (DESIGN.md, lessons 1 and 2).
+
+And one for streams only:
+
+* **Deaths mid-stream** (``--die-mid-stream RATE``, or ``X-Sim-Die-After: N`` for one
+  request): the provider crashes part-way through a stream. The connection closes
+  after some events (a uniformly random number from 1 to all but the terminating
+  one; exactly N with the header) and, since nothing finished, nothing is billed.
+  The client sees the same cut-short stream as after a drop, billed or not: only the
+  provider's bill tells them apart.
 """
 
 from __future__ import annotations

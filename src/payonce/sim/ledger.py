@@ -3,7 +3,8 @@
 A provider bills a generation when it finishes, whether or not the client is still
 there to receive it (DESIGN.md, lesson 2). So does this ledger: the request handler
 calls :meth:`Ledger.bill` right after the simulated generation, before it tries to
-answer, and records whether the client was still connected at that moment.
+answer (a stream: after its last token, before its terminating event), and records
+whether the client was still connected at that moment.
 
 Comparing ``billed`` with the number of business calls a client made is the whole
 point: every entry beyond one per call is a duplicate the client paid for.

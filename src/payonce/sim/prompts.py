@@ -19,7 +19,12 @@ in a test or a spreadsheet:
   of prompts). Embeddings have no output tokens.
 
 Because usage depends only on the request body, a retried request costs exactly what
-the original cost, which keeps duplicate-billing arithmetic exact in tests.
+the original cost, which keeps duplicate-billing arithmetic exact in tests. A stream
+is sized by the same formulas, so it costs what the same request without ``stream``
+costs.
+
+``stream`` must be a boolean. OpenAI's ``stream_options`` (``{"include_usage": bool}``)
+is only allowed with ``"stream": true``, as OpenAI answers.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class Ask:
     choices: int = 1  # answers returned (n x prompts); embeddings: one per input
     dimensions: int = 0  # embeddings: vector length
     base64: bool = False  # embeddings: encoding_format=base64
+    stream: bool = False  # "stream": true, answered as server-sent events
+    include_usage: bool = False  # OpenAI streams: stream_options.include_usage
 
     @property
     def output_tokens(self) -> int:
@@ -94,14 +101,22 @@ def parse_chat(body: object) -> Ask:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _invalid_type(f"messages[{index}]", "an object with a string 'role'")
         chars += _content_chars(message.get("content"), f"messages[{index}].content")
-    _refuse_stream(fields)
+    stream, include_usage = _openai_stream(fields)
     max_tokens = _optional_count(fields, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _optional_count(fields, "max_tokens")
     input_tokens = max(1, estimate_tokens(chars))
     answer, truncated = answer_tokens(input_tokens, max_tokens)
     choices = _optional_count(fields, "n", upper=_MAX_CHOICES) or 1
-    return Ask(model, input_tokens, answer, truncated, choices)
+    return Ask(
+        model,
+        input_tokens,
+        answer,
+        truncated,
+        choices,
+        stream=stream,
+        include_usage=include_usage,
+    )
 
 
 def parse_completion(body: object) -> Ask:
@@ -109,14 +124,22 @@ def parse_completion(body: object) -> Ask:
     fields = _object(body)
     model = _model(fields)
     tokens, prompts = _text_or_tokens(_required(fields, "prompt"), "prompt")
-    _refuse_stream(fields)
+    stream, include_usage = _openai_stream(fields)
     max_tokens = _optional_count(fields, "max_tokens")
     if max_tokens is None:
         max_tokens = DEFAULT_COMPLETIONS_MAX_TOKENS
     input_tokens = max(1, tokens)
     answer, truncated = answer_tokens(input_tokens, max_tokens)
     choices = (_optional_count(fields, "n", upper=_MAX_CHOICES) or 1) * prompts
-    return Ask(model, input_tokens, answer, truncated, choices)
+    return Ask(
+        model,
+        input_tokens,
+        answer,
+        truncated,
+        choices,
+        stream=stream,
+        include_usage=include_usage,
+    )
 
 
 def parse_embedding(body: object) -> Ask:
@@ -160,10 +183,10 @@ def parse_message(body: object) -> Ask:
                 param=f"messages.{index}",
             )
         chars += _content_chars(message.get("content"), f"messages.{index}.content")
-    _refuse_stream(fields)
+    stream = _stream(fields)
     input_tokens = max(1, estimate_tokens(chars))
     answer, truncated = answer_tokens(input_tokens, max_tokens)
-    return Ask(model, input_tokens, answer, truncated)
+    return Ask(model, input_tokens, answer, truncated, stream=stream)
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -216,13 +239,35 @@ def _optional_count(fields: dict[str, Any], name: str, *, upper: int | None = No
     return value
 
 
-def _refuse_stream(fields: dict[str, Any]) -> None:
-    # Streaming (SSE) is planned; answering a plain JSON body to a client that asked
-    # for a stream would break its parser in a confusing way, so say so instead.
-    if fields.get("stream") is True:
+def _stream(fields: dict[str, Any]) -> bool:
+    stream = fields.get("stream")
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise _invalid_type("stream", "a boolean")
+    return stream
+
+
+def _openai_stream(fields: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage``, checked as OpenAI checks them."""
+    stream = _stream(fields)
+    options = fields.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
         raise BadRequest(
-            "stream=true is not supported by payonce sim yet.", param="stream", code="unsupported"
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
         )
+    if not isinstance(options, dict):
+        raise _invalid_type("stream_options", "an object")
+    include_usage = options.get("include_usage")
+    if include_usage is None:
+        return stream, False
+    if not isinstance(include_usage, bool):
+        raise _invalid_type("stream_options.include_usage", "a boolean")
+    return stream, include_usage
 
 
 def _content_chars(content: object, param: str) -> int:

@@ -10,16 +10,38 @@ One generation request goes through these steps, in this order::
     X-Sim-Drop / --drop draw   -> close the connection, no response (still billed)
     answer 200
 
-Random draws come from one ``random.Random(seed)`` in that order (fault, latency,
-drop; each only when its source is configured and not overridden by a header), so a
-seeded run answers the same sequence of requests the same way every time. Request ids
-come from a separate, unseeded source: ids must stay unique across runs, because a
-billing export from two runs with the same seed must not join one run's calls to the
-other's.
+A request with ``"stream": true`` (chat, completions, messages) is answered with
+server-sent events (:mod:`~payonce.sim.streams`) instead::
 
-Streaming (SSE) is not built yet. It will be a second renderer beside
-:attr:`Endpoint.render`, writing events to an ``aiohttp.web.StreamResponse`` while the
-latency elapses and billing when the last token is generated, as providers do.
+    count, refuse, parse       as above: errors are JSON, nothing is sent yet
+    sleep the latency          the time to first token
+    send the head              status, headers and the events before the first
+                               token (role chunk; message_start, content_block_start,
+                               ping), together
+    send one delta per token   each one token interval (--token-rate, X-Sim-Token-Ms)
+                               after the previous one; the first one interval after
+                               the head. So a stream lasts latency + tokens x interval
+    X-Sim-Die-After / --die-mid-stream
+                               -> when event N+1 is due, close the connection: the
+                               provider crashed, nothing finished, not billed
+    send the tail              finish chunk(s) and usage; content_block_stop, message_delta
+    bill                       when the generation finishes: after every event but the
+                               terminating one, whether or not the client is connected
+    X-Sim-Drop / --drop        -> close the connection without the terminating event
+                               (billed)
+    send the terminator        data: [DONE] / event: message_stop
+
+A client that leaves mid-stream does not stop the generation: the remaining tokens
+are still paced (their writes skipped) and the stream is billed at its end with
+``client_connected`` false, as providers bill abandoned streams.
+
+Random draws come from one ``random.Random(seed)`` in that order (fault, latency,
+then for streams die and die point, then drop; each only when its source is
+configured and not overridden by a header; no drop draw for a stream that dies), so
+a seeded run answers the same sequence of requests the same way every time. Request
+ids come from a separate, unseeded source: ids must stay unique across runs, because
+a billing export from two runs with the same seed must not join one run's calls to
+the other's.
 """
 
 from __future__ import annotations
@@ -41,6 +63,12 @@ from payonce.sim.overrides import Overrides
 from payonce.sim.pricing import cost_usd
 from payonce.sim.prompts import Ask, parse_chat, parse_completion, parse_embedding, parse_message
 from payonce.sim.provider_errors import Api, BadRequest, error_body
+from payonce.sim.streams import (
+    EventStream,
+    chat_completion_stream,
+    message_stream,
+    text_completion_stream,
+)
 
 __all__ = ["ENDPOINTS", "REQUEST_ID_HEADER", "Endpoint", "Simulator"]
 
@@ -48,6 +76,9 @@ REQUEST_ID_HEADER = "x-request-id"
 # The Anthropic SDK reads its request id from ``request-id``; send both there.
 ANTHROPIC_REQUEST_ID_HEADER = "request-id"
 _JSON = "application/json"
+_EVENT_STREAM = "text/event-stream"
+# Unpaced events are written in batches of about this many bytes, not one by one.
+_WRITE_BATCH_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +90,31 @@ class Endpoint:
     id_prefix: str
     parse: Callable[[object], Ask]
     render: Callable[[Ask, str, int], bytes]
+    stream: Callable[[Ask, str, int], EventStream] | None = None  # None: never streams
 
 
 ENDPOINTS = (
-    Endpoint("/v1/chat/completions", Api.OPENAI, "chatcmpl-", parse_chat, chat_completion),
-    Endpoint("/v1/completions", Api.OPENAI, "cmpl-", parse_completion, text_completion),
+    Endpoint(
+        "/v1/chat/completions",
+        Api.OPENAI,
+        "chatcmpl-",
+        parse_chat,
+        chat_completion,
+        chat_completion_stream,
+    ),
+    Endpoint(
+        "/v1/completions",
+        Api.OPENAI,
+        "cmpl-",
+        parse_completion,
+        text_completion,
+        text_completion_stream,
+    ),
     # Embeddings bodies carry no id; OpenAI-style ``req_`` ids go in the header only.
     Endpoint("/v1/embeddings", Api.OPENAI, "req_", parse_embedding, embedding_list),
-    Endpoint("/v1/messages", Api.ANTHROPIC, "msg_", parse_message, anthropic_message),
+    Endpoint(
+        "/v1/messages", Api.ANTHROPIC, "msg_", parse_message, anthropic_message, message_stream
+    ),
 )
 
 
@@ -82,6 +130,8 @@ class Simulator:
         self._latency = config.latency
         self._faults = config.failures
         self._drop_rate = config.drop_after_compute
+        self._die_rate = config.die_mid_stream
+        self._token_interval = config.token_interval
 
     def new_request_id(self, prefix: str) -> str:
         """A provider request id such as ``chatcmpl-<24 hex digits>``."""
@@ -106,11 +156,73 @@ class Simulator:
         delay = overrides.delay
         if delay is None:
             delay = self._latency.sample(self._rng)
+        if ask.stream and endpoint.stream is not None:
+            return await self._stream(request, endpoint, ask, request_id, overrides, delay)
         if delay > 0:
             # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
             # generation) runs to the end even if the client disconnects meanwhile.
             await asyncio.sleep(delay)
 
+        now = self._bill(endpoint, ask, request_id, _client_connected(request))
+        if self._drop(overrides):
+            return _drop_connection(request)
+        body = endpoint.render(ask, request_id, int(now))
+        return _json_response(body, 200, endpoint.api, request_id)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        endpoint: Endpoint,
+        ask: Ask,
+        request_id: str,
+        overrides: Overrides,
+        delay: float,
+    ) -> web.StreamResponse:
+        """Answer ``ask`` as server-sent events (the stream steps in the module docstring)."""
+        assert endpoint.stream is not None
+        interval = overrides.token_interval
+        if interval is None:
+            interval = self._token_interval
+        if delay > 0:
+            await asyncio.sleep(delay)  # the time to first token
+
+        events = endpoint.stream(ask, request_id, int(self.clock.now()))
+        last = events.count - 1  # the terminating event
+        die_at = self._die_point(overrides, events.count)
+        drop = die_at is None and self._drop(overrides)
+
+        response = web.StreamResponse(
+            headers={"Cache-Control": "no-cache", REQUEST_ID_HEADER: request_id}
+        )
+        if endpoint.api is Api.ANTHROPIC:
+            response.headers[ANTHROPIC_REQUEST_ID_HEADER] = request_id
+        response.content_type = _EVENT_STREAM
+        response.charset = "utf-8"
+        sender = _EventSender(request, response)
+        await sender.start()
+
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        for index in range(events.count):
+            if interval > 0 and events.is_token(index):
+                due += interval
+                await sender.flush()  # what is due now goes out before the wait
+                await asyncio.sleep(due - loop.time())
+            if index == die_at:
+                await sender.close()
+                return response
+            if index == last:
+                connected = sender.connected and _client_connected(request)
+                self._bill(endpoint, ask, request_id, connected)
+                if drop:
+                    await sender.close()
+                    return response
+            await sender.send(events.event(index))
+        await sender.flush()
+        return response
+
+    def _bill(self, endpoint: Endpoint, ask: Ask, request_id: str, connected: bool) -> float:
+        """Bill one finished generation; returns the time it finished."""
         now = self.clock.now()
         self.ledger.bill(
             LedgerEntry(
@@ -121,17 +233,28 @@ class Simulator:
                 output_tokens=ask.output_tokens,
                 cost_usd=cost_usd(ask.model, ask.input_tokens, ask.output_tokens),
                 finished_at=now,
-                client_connected=_client_connected(request),
+                client_connected=connected,
             )
         )
+        return now
 
-        drop = overrides.drop
-        if drop is None:
-            drop = self._drop_rate > 0 and self._rng.random() < self._drop_rate
-        if drop:
-            return _drop_connection(request)
-        body = endpoint.render(ask, request_id, int(now))
-        return _json_response(body, 200, endpoint.api, request_id)
+    def _drop(self, overrides: Overrides) -> bool:
+        if overrides.drop is not None:
+            return overrides.drop
+        return self._drop_rate > 0 and self._rng.random() < self._drop_rate
+
+    def _die_point(self, overrides: Overrides, count: int) -> int | None:
+        """How many events a stream of ``count`` sends before it dies; ``None``: it lives.
+
+        Always before the terminating event, so a stream that dies is never billed.
+        """
+        if overrides.die_after is not None:
+            return min(overrides.die_after, count - 1)
+        if self._die_rate > 0 and self._rng.random() < self._die_rate:
+            # After the first event, before the terminating one (a stream has at least
+            # three events: a token, a finish and the terminator).
+            return self._rng.randrange(1, count)
+        return None
 
     def _refuse(self, api: Api, status: int, request_id: str) -> web.Response:
         response = _json_response(error_body(api, status), status, api, request_id)
@@ -155,6 +278,61 @@ def _client_connected(request: web.Request) -> bool:
     # that is closing is as good as gone for answering.
     transport = request.transport
     return transport is not None and not transport.is_closing()
+
+
+class _EventSender:
+    """Writes a stream's events, batched when unpaced, and notes when the client has gone.
+
+    A failed write (the client left) marks the client gone and turns later writes into
+    no-ops, so the caller goes on generating and billing as if nothing happened.
+    """
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self._request = request
+        self._response = response
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self.connected = True
+
+    async def start(self) -> None:
+        """Prepare the response (status and headers go out with the first events)."""
+        try:
+            await self._response.prepare(self._request)
+        except ConnectionError:
+            self.connected = False
+
+    async def send(self, event: bytes) -> None:
+        """Queue one event; write the queue once it is a batch."""
+        if not self.connected:
+            return
+        self._pending.append(event)
+        self._pending_bytes += len(event)
+        if self._pending_bytes >= _WRITE_BATCH_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is queued, if the client is still there."""
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        if not self.connected:
+            return
+        try:
+            await self._response.write(data)
+        except ConnectionError:  # aiohttp's ClientConnectionResetError among them
+            self.connected = False
+
+    async def close(self) -> None:
+        """Write what is queued, then close the connection without ending the stream."""
+        await self.flush()
+        transport = self._request.transport
+        if transport is not None:
+            # close(), not abort(): the events already written reach the client first.
+            # aiohttp then fails to write the end of the chunked body, which it treats
+            # as an ordinary client disconnect (no traceback in the log).
+            transport.close()
 
 
 def _drop_connection(request: web.Request) -> web.Response:
