@@ -373,6 +373,7 @@ def test_die_after_truncates_the_stream_and_bills_nothing(
 ) -> None:
     headers = {"X-Sim-Die-After": str(die_after), "X-Sim-Token-Ms": "10"}
     received = stream_raw(fresh_sim, path, body, headers)
+    assert received.headers["content-type"].startswith("text/event-stream")  # a 200 began
     assert not received.complete
     assert len(received.events) == die_after
     time.sleep(0.3)  # longer than the rest of the stream would have taken

@@ -295,7 +295,7 @@ class _EventSender:
         self.connected = True
 
     async def start(self) -> None:
-        """Prepare the response (status and headers go out with the first events)."""
+        """Send the status line and headers (so ``X-Sim-Die-After: 0`` is a 200, then nothing)."""
         try:
             await self._response.prepare(self._request)
         except ConnectionError:
