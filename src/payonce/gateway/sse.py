@@ -9,6 +9,8 @@ SDKs ignore the field, and a client that reconnects sends it back as
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from payonce.observe.usage import normalise_usage
@@ -21,7 +23,8 @@ __all__ = [
     "numbered",
 ]
 
-_TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+# An event ends at a blank line; the three line endings SSE allows (WHATWG HTML 9.2.5).
+_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -31,37 +34,32 @@ def is_event_stream(content_type: str | None) -> bool:
 
 
 class EventSplitter:
-    """Cuts a byte stream into whole events, however the chunks fall."""
+    """Cuts a byte stream into whole events, however the chunks fall.
+
+    One regex pass per chunk: searching each terminator separately rescanned the
+    rest of a large chunk for every event (quadratic on a 1,000-event burst).
+    """
 
     def __init__(self) -> None:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buffer = self._buffer + chunk
+        buffer = self._buffer + chunk if self._buffer else chunk
         events: list[bytes] = []
         start = 0
-        while True:
-            end, size = _next_terminator(buffer, start)
-            if end < 0:
-                break
-            events.append(buffer[start : end + size])
-            start = end + size
+        for match in _TERMINATOR.finditer(buffer):
+            end = match.end()
+            events.append(buffer[start:end])
+            start = end
         self._buffer = buffer[start:]
+        # A lone "\r" at the end may be the first half of "\r\n\r\n" or "\r\r": the
+        # regex saw it as nothing yet, and the next chunk completes it.
         return events
 
     def close(self) -> list[bytes]:
         """What is left when the stream ends: an unterminated last event, terminated."""
         rest, self._buffer = self._buffer, b""
         return [rest + b"\n\n"] if rest.strip() else []
-
-
-def _next_terminator(buffer: bytes, start: int) -> tuple[int, int]:
-    best, size = -1, 0
-    for terminator in _TERMINATORS:
-        found = buffer.find(terminator, start)
-        if found >= 0 and (best < 0 or found < best):
-            best, size = found, len(terminator)
-    return best, size
 
 
 def numbered(event: bytes, number: int) -> bytes:
@@ -98,7 +96,10 @@ class StreamUsage:
 
     def inspect(self, event: bytes) -> bool:
         """Read usage from one event. True when the event is a usage-only OpenAI chunk."""
-        if b'"usage"' not in event and b'"model"' not in event:
+        # Most events carry neither (or "usage":null, once usage was asked for):
+        # parsing every one of a thousand-event stream would cost more than relaying it.
+        has_usage = b'"usage"' in event and b'"usage":null' not in event
+        if not has_usage and (self.model is not None or b'"model"' not in event):
             return False
         document = _data_json(event)
         if not isinstance(document, dict):

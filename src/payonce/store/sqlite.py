@@ -317,16 +317,20 @@ class SQLiteStore:
             f"UPDATE payonce_records SET events = MAX(events, ?) WHERE {_HELD}",
             (last, tenant, key, token, now),
         )
-        # Each insert checks the token itself: a writer whose lease passed to
-        # another holder must not add to the new holder's stream.
+        # One statement for the whole batch, and it checks the token itself: a
+        # writer whose lease passed to another holder must not add to the new
+        # holder's stream.
+        rows = ", ".join(["(?, ?)"] * len(events))
+        values: list[object] = []
+        for offset, data in enumerate(events):
+            values += (first + offset, data)
         inserts = [
             self._write(
                 "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
-                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM payonce_records"
-                f" WHERE {_HELD})",
-                (tenant, key, first + offset, data, tenant, key, token, now),
+                f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
+                f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
+                (tenant, key, *values, tenant, key, token, now),
             )
-            for offset, data in enumerate(events)
         ]
         changed, *_ = await asyncio.gather(held, *inserts)
         if changed == 1:
