@@ -6,6 +6,7 @@ import asyncio
 
 from payonce.clock import ManualClock
 from payonce.store import ClaimStatus, RecordState, Store, StoredResponse
+from payonce.store.redis import RedisStore
 
 LEASE, TTL = 30.0, 3600.0
 RESPONSE = StoredResponse(
@@ -125,7 +126,9 @@ async def test_ttl_expiry_forgets_completed_records_and_purge_deletes_them(
     status, _ = await claim(store)
     assert status is ClaimStatus.ACQUIRED, "an expired record is a new key"
     clock.advance(TTL + 1)
-    assert await store.purge_expired() >= 1
+    purged = await store.purge_expired()
+    # Redis expires the keys itself (PEXPIRE at each claim): nothing to purge.
+    assert purged >= 1 or (isinstance(store, RedisStore) and purged == 0)
     assert await store.get("t", "young") is None
 
 

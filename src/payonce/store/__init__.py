@@ -1,4 +1,4 @@
-"""Stores: where idempotency records live (``memory://``, ``sqlite:///path.db``)."""
+"""Stores: where idempotency records live (``memory://``, ``sqlite:///path.db``, ``redis://``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from payonce.clock import Clock
 from payonce.errors import ConfigError
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, Store, StoredResponse
 from payonce.store.memory import MemoryStore
+from payonce.store.redis import SCHEMES as REDIS_SCHEMES
+from payonce.store.redis import parse_redis_url
 from payonce.store.sqlite import SQLiteStore
 
 __all__ = [
@@ -30,7 +32,13 @@ def validate_store_url(url: str) -> str:
         if url.startswith("sqlite:///") and len(url) == len("sqlite:///"):
             raise ConfigError("--store: sqlite:/// needs a file path, e.g. sqlite:///./payonce.db")
         return url
-    raise ConfigError(f"--store: unsupported store URL {url!r}; use memory:// or sqlite:///path.db")
+    if url.partition("://")[0] in REDIS_SCHEMES:
+        parse_redis_url(url)
+        return url
+    raise ConfigError(
+        f"--store: unsupported store URL {url!r}; use memory://, sqlite:///path.db,"
+        " redis://host:port/db or redis+cluster://host:port"
+    )
 
 
 def open_store(url: str, clock: Clock | None = None) -> Store:
@@ -39,10 +47,17 @@ def open_store(url: str, clock: Clock | None = None) -> Store:
     ``sqlite:///relative.db`` and ``sqlite:////absolute.db`` as in SQLAlchemy;
     ``?timeout=SECONDS`` sets how long a write waits for another process's
     lock before the request is answered 503 (default 5).
+
+    ``redis://host:port/db``, ``rediss://…`` (TLS), ``redis+cluster://host:port``:
+    see :mod:`payonce.store.redis.url` for the options.
     """
     validate_store_url(url)
     if url == "memory://":
         return MemoryStore(clock)
+    if url.partition("://")[0] in REDIS_SCHEMES:
+        from payonce.store.redis import RedisStore  # imports redis-py: only when used
+
+        return RedisStore(url, clock)
     path, _, query = url[len("sqlite:///") :].partition("?")
     busy_timeout = 5.0
     for name, values in parse_qs(query, keep_blank_values=True).items():

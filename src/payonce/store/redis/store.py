@@ -1,0 +1,351 @@
+"""``redis://`` and ``redis+cluster://``: records shared by every gateway replica.
+
+Each state change is one Lua script run with ``EVALSHA`` (:mod:`.scripts`), so
+one round trip and atomic; reads are one ``HGETALL`` or one script. Keys of a
+record share a hash tag (:mod:`.keys`), so Redis Cluster works as well as a
+single server. Waiting uses per-record Pub/Sub (:mod:`.notify`).
+
+Time comes from the injected clock, passed to every script: leases and TTLs
+follow the gateway's clock (the tests' ``ManualClock``), never the server's.
+Redis's own expiry only collects garbage: a claim sets ``PEXPIRE`` to the ttl
+plus ``expiry_margin`` (60 s by default, for clock differences between
+replicas), so :meth:`RedisStore.purge_expired` has nothing to do.
+
+Errors are translated once, here: a timeout becomes
+:class:`~payonce.errors.StoreTimeout`, anything else Redis raises
+(connection refused or reset, cluster down, out of memory)
+:class:`~payonce.errors.StoreUnavailable`. A command that fails on a broken
+pooled connection (the server restarted) is retried once at once on a fresh
+connection; a server that stays down fails the operation within ``timeout``,
+and the store works again as soon as it is back, without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from payonce.clock import Clock, SystemClock
+from payonce.errors import StoreTimeout, StoreUnavailable
+from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.redis import scripts
+from payonce.store.redis.keys import RecordKeys, record_keys
+from payonce.store.redis.notify import Notifications
+from payonce.store.redis.url import parse_redis_url
+
+__all__ = ["RedisStore"]
+
+_STATUSES = {
+    b"completed": ClaimStatus.COMPLETED,
+    b"in_progress": ClaimStatus.IN_PROGRESS,
+    b"mismatch": ClaimStatus.MISMATCH,
+}
+
+
+def _translate(exc: BaseException) -> StoreUnavailable:
+    if isinstance(exc, RedisTimeoutError | TimeoutError):
+        return StoreTimeout(f"Redis store timed out: {exc}")
+    return StoreUnavailable(f"Redis store failed: {exc}")
+
+
+_FAILURES = (RedisError, RedisClusterException, OSError)
+
+
+def _optional_float(value: bytes | None) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _record(tenant: str, key: str, fields: Mapping[bytes, bytes]) -> Record:
+    response = None
+    status = fields.get(b"status")
+    if status is not None:
+        headers = tuple((str(name), str(value)) for name, value in orjson.loads(fields[b"headers"]))
+        body = fields.get(b"body", b"")
+        response = StoredResponse(int(status), headers, body, stream=fields.get(b"stream") == b"1")
+    usage = fields.get(b"usage")
+    return Record(
+        tenant=tenant,
+        key=key,
+        fingerprint=fields[b"fingerprint"].decode(),
+        state=RecordState(fields[b"state"].decode()),
+        token=fields[b"token"].decode(),
+        created_at=float(fields[b"created_at"]),
+        lease_expires_at=float(fields[b"lease_expires_at"]),
+        expires_at=float(fields[b"expires_at"]),
+        completed_at=_optional_float(fields.get(b"completed_at")),
+        response=response,
+        replays=int(fields.get(b"replays", 0)),
+        usage=orjson.loads(usage) if usage is not None else None,
+        cost_usd=_optional_float(fields.get(b"cost_usd")),
+        events=int(fields.get(b"events", 0)),
+    )
+
+
+class RedisStore:
+    """The :class:`payonce.store.base.Store` protocol on Redis or Redis Cluster.
+
+    ``url`` is a ``--store`` URL (:mod:`payonce.store.redis.url`). ``poll_interval``
+    bounds how late :meth:`wait` notices a change whose message was lost;
+    ``expiry_margin`` is how long Redis keeps a record's keys past its ttl.
+    Nothing connects until the first operation.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        clock: Clock | None = None,
+        *,
+        poll_interval: float = 1.0,
+        expiry_margin: float = 60.0,
+    ) -> None:
+        config = parse_redis_url(url)
+        self._clock = clock or SystemClock()
+        self._prefix = config.prefix
+        self._poll_interval = poll_interval
+        self._margin_ms = int(expiry_margin * 1000)
+        # One immediate retry, on a new connection, for connection errors only:
+        # it hides pooled connections that a server restart broke, and adds no
+        # wait when the server is really down. Timeouts are not retried.
+        retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        options: dict[str, Any] = {
+            "socket_timeout": config.timeout,
+            "socket_connect_timeout": config.timeout,
+            "retry": retry,
+        }
+        self._client: Redis | RedisCluster
+        if config.cluster:
+            # redis-py's cluster client allows 100 connections per node and then
+            # fails commands; a single server's pool has no such limit. Match it.
+            options["max_connections"] = 10_000
+            self._client = RedisCluster.from_url(config.url, **options)
+            self._publish = b"SPUBLISH"
+        else:
+            self._client = Redis.from_url(config.url, **options)
+            self._publish = b"PUBLISH"
+        self._notifications = Notifications(self._client, ready_timeout=poll_interval)
+        self._initialized = False
+        self._initializing = asyncio.Lock()
+
+    async def _initialize(self) -> None:
+        # redis-py 8.1's cluster client, asked for many commands at once before
+        # it knows the cluster's layout, may hand one connection to two of them
+        # (reset mid-command): learn the layout first, once, alone.
+        async with self._initializing:
+            if not self._initialized:
+                try:
+                    await self._client.initialize()
+                except _FAILURES as exc:
+                    raise _translate(exc) from exc
+                self._initialized = True
+
+    def keys(self, tenant: str, key: str) -> RecordKeys:
+        """The Redis names of a record (for operators and tests)."""
+        return record_keys(self._prefix, tenant, key)
+
+    async def _run(self, script: scripts.Script, keys: RecordKeys, *args: Any) -> Any:
+        names = (keys.record, keys.events)
+        if not self._initialized:
+            await self._initialize()
+        try:
+            try:
+                return await self._client.evalsha(script.sha, 2, *names, *args)
+            except NoScriptError:  # a server that restarted forgot it: EVAL caches it again
+                return await self._client.eval(script.source, 2, *names, *args)
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
+
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Claim:
+        now = self._clock.now()
+        token = new_token()
+        lease_end, expires_at = now + lease, now + ttl
+        keys = self.keys(tenant, key)
+        gc_ms = int(ttl * 1000) + self._margin_ms
+        reply = await self._run(
+            scripts.CLAIM,
+            keys,
+            fingerprint,
+            token,
+            repr(now),
+            repr(lease_end),
+            repr(expires_at),
+            gc_ms,
+        )
+        if reply[0] == b"acquired":
+            record = Record(
+                tenant=tenant,
+                key=key,
+                fingerprint=fingerprint,
+                state=RecordState.IN_PROGRESS,
+                token=token,
+                created_at=now,
+                lease_expires_at=lease_end,
+                expires_at=expires_at,
+            )
+            return Claim(ClaimStatus.ACQUIRED, record)
+        fields = dict(zip(reply[1::2], reply[2::2], strict=True))
+        return Claim(_STATUSES[reply[0]], _record(tenant, key, fields))
+
+    async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
+        now = self._clock.now()
+        keys = self.keys(tenant, key)
+        return bool(await self._run(scripts.RENEW, keys, token, repr(now), repr(now + lease)))
+
+    async def complete(
+        self,
+        tenant: str,
+        key: str,
+        token: str,
+        response: StoredResponse,
+        *,
+        usage: Mapping[str, int] | None = None,
+        cost_usd: float | None = None,
+        replays: int = 0,
+    ) -> bool:
+        keys = self.keys(tenant, key)
+        done = await self._run(
+            scripts.COMPLETE,
+            keys,
+            token,
+            repr(self._clock.now()),
+            keys.channel,
+            self._publish,
+            response.status,
+            orjson.dumps(response.headers),
+            response.body,
+            b"1" if response.stream else b"0",
+            replays,
+            orjson.dumps(dict(usage)) if usage is not None else b"",
+            repr(cost_usd) if cost_usd is not None else b"",
+        )
+        return bool(done)
+
+    async def release(self, tenant: str, key: str, token: str) -> bool:
+        keys = self.keys(tenant, key)
+        now = repr(self._clock.now())
+        return bool(await self._run(scripts.RELEASE, keys, token, now, keys.channel, self._publish))
+
+    async def begin_stream(
+        self, tenant: str, key: str, token: str, status: int, headers: tuple[tuple[str, str], ...]
+    ) -> bool:
+        keys = self.keys(tenant, key)
+        now = repr(self._clock.now())
+        started = await self._run(
+            scripts.BEGIN_STREAM, keys, token, now, status, orjson.dumps(headers)
+        )
+        return bool(started)
+
+    async def append_events(
+        self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
+    ) -> bool:
+        keys = self.keys(tenant, key)
+        now = repr(self._clock.now())
+        added = await self._run(
+            scripts.APPEND_EVENTS, keys, token, now, keys.channel, self._publish, first, *events
+        )
+        return bool(added)
+
+    async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
+        keys = self.keys(tenant, key)
+        events = await self._run(scripts.READ_EVENTS, keys, repr(self._clock.now()), after)
+        return list(events)
+
+    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+        if not counts:
+            return
+        now = repr(self._clock.now())
+        calls = [(self.keys(tenant, key), count) for (tenant, key), count in counts.items()]
+        script = scripts.ADD_REPLAYS
+        if not self._initialized:
+            await self._initialize()
+        try:
+            # One pipeline, one round trip (per shard on a cluster).
+            pipe = self._client.pipeline(transaction=False)
+            for keys, count in calls:
+                # execute_command: ClusterPipeline blocks its evalsha() method
+                # only because keys must share a slot, which ours always do.
+                pipe.execute_command("EVALSHA", script.sha, 2, keys.record, keys.events, now, count)
+            results = await pipe.execute(raise_on_error=False)
+            for (keys, count), result in zip(calls, results, strict=True):
+                if isinstance(result, NoScriptError):
+                    await self._client.eval(script.source, 2, keys.record, keys.events, now, count)
+                elif isinstance(result, Exception):
+                    raise result
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
+
+    async def get(self, tenant: str, key: str) -> Record | None:
+        if not self._initialized:
+            await self._initialize()
+        try:
+            # bytes -> bytes, as the client does not decode responses
+            fields = cast(
+                "dict[bytes, bytes]", await self._client.hgetall(self.keys(tenant, key).record)
+            )
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
+        if not fields or float(fields[b"expires_at"]) <= self._clock.now():
+            return None
+        return _record(tenant, key, fields)
+
+    async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
+        # Subscribe first, then read: a change after the read always wakes us.
+        # ``changed`` is taken before each read, so a message that arrives while
+        # the read is in flight is not lost either.
+        if timeout <= 0:
+            return await self.get(tenant, key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        first: Record | None = None
+        try:
+            async with self._notifications.watch(self.keys(tenant, key).channel) as watch:
+                while True:
+                    changed = watch.changed
+                    record = await self.get(tenant, key)
+                    if record is None or record.state is RecordState.COMPLETED:
+                        return record
+                    if first is None:
+                        first = record
+                    elif record.events != first.events or record.token != first.token:
+                        return record
+                    until_lease_end = record.lease_expires_at - self._clock.now()
+                    remaining = deadline - loop.time()
+                    if until_lease_end <= 0 or remaining <= 0:
+                        return record
+                    pause = min(remaining, until_lease_end, self._poll_interval)
+                    await watch.sleep(changed, pause)
+        except StoreUnavailable:
+            raise
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
+
+    async def purge_expired(self) -> int:
+        """Nothing to do: Redis deletes a record's keys itself, ``expiry_margin`` after its ttl.
+
+        Until then reads treat the record as gone (its ``expires_at`` has
+        passed by the gateway's clock). Returns 0.
+        """
+        return 0
+
+    async def ping(self) -> None:
+        if not self._initialized:
+            await self._initialize()
+        try:
+            await self._client.ping()
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
+
+    async def close(self) -> None:
+        await self._notifications.close()
+        await self._client.aclose()
