@@ -117,7 +117,12 @@ async def run_execution(
                 added_usage or body,
             ) as response:
                 if is_event_stream(response.content_type) and is_stored_status(response.status):
-                    live = LiveStream(response.status, response.headers)
+                    tenant, key = execution.tenant, execution.key
+
+                    async def backlog(after: int, upto: int) -> list[bytes]:
+                        return (await store.read_events(tenant, key, after))[: upto - after]
+
+                    live = LiveStream(response.status, response.headers, backlog)
                     execution.head.set_result(live)
                     return await record_stream(
                         store,
@@ -140,18 +145,25 @@ async def run_execution(
         return stored
     except asyncio.CancelledError:
         # Cancelled at shutdown: give the key up so a retry can run.
-        running.pop(name, None)
+        _abandon(execution, running)
         await release_quietly(store, execution.tenant, execution.key, execution.token)
-        if not execution.head.done():
-            execution.head.cancel()
         raise
     except Exception:
         log.exception("the run of key %r failed", execution.key)
-        running.pop(name, None)
+        _abandon(execution, running)
         await release_quietly(store, execution.tenant, execution.key, execution.token)
-        if not execution.head.done():
-            execution.head.set_result(ProblemError("the gateway failed unexpectedly; see its log"))
         return None
+
+
+def _abandon(execution: Execution, running: dict[tuple[str, str], Execution]) -> None:
+    """Let everyone waiting on a run that will not finish know it, at once."""
+    running.pop((execution.tenant, execution.key), None)
+    head = execution.head_value
+    if isinstance(head, LiveStream):
+        if not head.finished:
+            head.finish(failed=True)
+    elif not execution.head.done():
+        execution.head.set_result(ProblemError("the gateway failed unexpectedly; see its log"))
 
 
 async def _settle(store: Store, execution: Execution, outcome: Outcome) -> StoredResponse | None:

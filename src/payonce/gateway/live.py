@@ -1,29 +1,48 @@
 """A stream in progress in this process, that any number of clients follow.
 
 The run that reads the upstream appends each event here as it arrives; every
-client of the key (the first one and any duplicate, early or late) reads the
-same list from its own position and then waits for more. Events stay in memory
-only while the stream runs, for late joiners; the store keeps the durable copy.
+client of the key (the first one and any duplicate, early or late) reads from
+its own position and then waits for more.
+
+Memory holds only a window: once events are recorded in the store and every
+follower has passed them, :meth:`trim` lets them go. A follower that is (or
+joins) behind the window reads the missing events back from the store, so two
+hundred streams of a thousand events do not all sit in memory at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-__all__ = ["LiveStream"]
+__all__ = ["Backlog", "LiveStream"]
+
+# Reads recorded events numbered above the first argument and up to the second.
+Backlog = Callable[[int, int], Awaitable[list[bytes]]]
 
 
 class LiveStream:
-    """Status, headers and the events so far of one upstream stream."""
+    """Status, headers and the not-yet-trimmed events of one upstream stream."""
 
-    def __init__(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
+    def __init__(
+        self, status: int, headers: tuple[tuple[str, str], ...], backlog: Backlog | None = None
+    ) -> None:
         self.status = status
         self.headers = headers
-        self.events: list[bytes] = []
+        self.base = 0  # events numbered up to here have left memory
+        self.events: list[bytes] = []  # events numbered base + 1, base + 2, ...
         self.finished = False
         self.failed = False
+        self._backlog = backlog
         self._changed = asyncio.Event()
+        self._positions: dict[int, int] = {}
+        self._ids = itertools.count()
+
+    @property
+    def total(self) -> int:
+        """Events received so far."""
+        return self.base + len(self.events)
 
     def append(self, events: list[bytes]) -> None:
         self.events.extend(events)
@@ -33,6 +52,15 @@ class LiveStream:
         self.finished = True
         self.failed = failed
         self._wake()
+
+    def trim(self, recorded: int) -> None:
+        """Forget events numbered up to ``recorded`` (stored) that no follower still needs."""
+        if self._backlog is None:
+            return
+        upto = min([recorded, *self._positions.values()])
+        if upto > self.base:
+            del self.events[: upto - self.base]
+            self.base = upto
 
     def _wake(self) -> None:
         # One event object per generation of waiters: set it, then start a new one.
@@ -44,15 +72,27 @@ class LiveStream:
 
         Raises :class:`ConnectionError` after the last batch if the upstream died.
         """
+        follower = next(self._ids)
         position = after
-        while True:
-            if position < len(self.events):
-                batch = self.events[position:]
+        self._positions[follower] = position
+        try:
+            while True:
+                if position < self.base:
+                    assert self._backlog is not None
+                    batch = await self._backlog(position, self.base)
+                    if not batch:
+                        raise ConnectionError("recorded events are missing from the store")
+                elif position < self.total:
+                    batch = self.events[position - self.base :]
+                elif self.finished:
+                    if self.failed:
+                        raise ConnectionError("the upstream stream ended before completing")
+                    return
+                else:
+                    await self._changed.wait()
+                    continue
                 position += len(batch)
+                self._positions[follower] = position
                 yield batch
-                continue
-            if self.finished:
-                if self.failed:
-                    raise ConnectionError("the upstream stream ended before completing")
-                return
-            await self._changed.wait()
+        finally:
+            del self._positions[follower]

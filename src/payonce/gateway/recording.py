@@ -43,8 +43,9 @@ async def release_quietly(store: Store, tenant: str, key: str, token: str) -> No
 class _Recorder:
     """Batches events into :meth:`Store.append_events` calls; stops at the first failure."""
 
-    def __init__(self, store: Store, tenant: str, key: str, token: str) -> None:
+    def __init__(self, store: Store, tenant: str, key: str, token: str, live: LiveStream) -> None:
         self.store, self.tenant, self.key, self.token = store, tenant, key, token
+        self.live = live
         self.pending: list[bytes] = []
         self.recorded = 0
         self.ok = True
@@ -87,6 +88,7 @@ class _Recorder:
             held = False
         if held:
             self.recorded += len(batch)
+            self.live.trim(self.recorded)
         else:
             self.ok = False
 
@@ -104,7 +106,7 @@ async def record_stream(
     joined: Callable[[], int],
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record."""
-    recorder = _Recorder(store, tenant, key, token)
+    recorder = _Recorder(store, tenant, key, token, live)
     recorder.begin(response.status, response.headers)
     splitter = EventSplitter()
     usage = StreamUsage()
