@@ -37,7 +37,7 @@ def payonce(
         (["serve", "--on-disconnect", "maybe"], "--on-disconnect"),
         (["serve", "--upstream", "ftp://x"], "--upstream"),
         (["serve", "--upstream", "http://"], "--upstream"),
-        (["serve", "--store", "redis://localhost"], "--store"),
+        (["serve", "--store", "postgres://localhost/db"], "--store"),
         (["serve", "--store", "sqlite:///no/such/dir/p.db"], "--store"),
         (["serve", "--store", "sqlite:///./p.db?timeout=x"], "--store"),
         (["serve", "--tenant-header", "bad header"], "--tenant-header"),

@@ -194,6 +194,35 @@ def cli() -> None:
     help="Retries when the upstream provably got nothing.",
 )
 @click.option(
+    "--call-log",
+    envvar=_env("call_log"),
+    default=None,
+    help="Write one JSON line per request (docs/call-log.md) to this file, or '-' for stdout.",
+)
+@click.option(
+    "--call-log-max-bytes",
+    envvar=_env("call_log_max_bytes"),
+    type=Size(),
+    default="100MiB",
+    show_default=True,
+    help="Rotate the call log past this size.",
+)
+@click.option(
+    "--call-log-backups",
+    envvar=_env("call_log_backups"),
+    type=int,
+    default=5,
+    show_default=True,
+    help="Rotated call log files to keep (PATH.1 ... PATH.N).",
+)
+@click.option(
+    "--metrics-token",
+    envvar=_env("metrics_token"),
+    default=None,
+    help="Require 'Authorization: Bearer TOKEN' on /_payonce/metrics (open by default:"
+    " aggregates only).",
+)
+@click.option(
     "--sim-port",
     envvar=_env("sim_port"),
     type=int,

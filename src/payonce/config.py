@@ -77,6 +77,10 @@ class GatewaySettings:
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     connect_retries: int = 2
+    call_log: str | None = None  # a file path, or "-" for stdout
+    call_log_max_bytes: int = 100 * 1024 * 1024
+    call_log_backups: int = 5
+    metrics_token: str | None = None
     sim_port: int = 8100
     log_level: str = "info"
 
@@ -97,6 +101,8 @@ class GatewaySettings:
             raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
         if not 0 <= self.connect_retries <= 10:
             raise ConfigError("--connect-retries: must be between 0 and 10")
+        if not 0 <= self.call_log_backups <= 100:
+            raise ConfigError("--call-log-backups: must be between 0 and 100")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError(
                 f"--log-level: {self.log_level!r} is not one of"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from payonce.gateway.asgi import Receive, Scope, Send, send_json
 from payonce.gateway.keys import MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
 from payonce.gateway.relay import relay_stored, send_response
+from payonce.observe.metrics import CONTENT_TYPE_LATEST
 from payonce.store import Record, RecordState
 
 if TYPE_CHECKING:
@@ -65,6 +67,23 @@ def record_document(record: Record) -> dict[str, object]:
     }
 
 
+class Unauthorized(ProblemError):
+    status, slug, title, should_retry = 401, "unauthorized", "Metrics token required", False
+
+
+def _check_metrics_token(gateway: Gateway, headers: list[tuple[bytes, bytes]]) -> None:
+    # Metrics are aggregates (no tenant, no key), so they are open unless the
+    # operator sets --metrics-token; then scrapers send it as a bearer token.
+    token = gateway.settings.metrics_token
+    if token is None:
+        return
+    expected = b"Bearer " + token.encode()
+    for name, value in headers:
+        if name == b"authorization" and hmac.compare_digest(value, expected):
+            return
+    raise Unauthorized("GET /_payonce/metrics needs Authorization: Bearer <--metrics-token>")
+
+
 def _key_from_path(segment: str) -> str:
     key = unquote(segment)
     if not 1 <= len(key) <= MAX_KEY_LENGTH or any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
@@ -109,6 +128,21 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
     parts = path.split("/")  # ["", "_payonce", ...]
     if scope["method"] not in ("GET", "HEAD"):
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
+    if parts[2:] == ["metrics"]:
+        _check_metrics_token(gateway, scope["headers"])
+        body = gateway.metrics.render()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        return
     if parts[2:] == ["health"]:
         await gateway.store.ping()
         await send_json(send, 200, {"status": "ok", "store": "ok"})

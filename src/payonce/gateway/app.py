@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -38,11 +39,22 @@ from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_respo
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
 from payonce.gateway.keys import fingerprint, read_key, tenant_of
 from payonce.gateway.live import LiveStream
+from payonce.gateway.observing import (
+    Observer,
+    UpstreamFacts,
+    model_of,
+    outcome_of,
+    provider_request_id,
+)
 from payonce.gateway.relay import relay_live, relay_stored, send_response
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.sse import is_event_stream
 from payonce.gateway.upstream import Upstream
+from payonce.observe.calllog import CallLog, CallRecord
+from payonce.observe.metrics import Metrics
+from payonce.observe.pricing import cost_of
+from payonce.observe.usage import model_and_usage
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
 __all__ = ["Gateway"]
@@ -59,6 +71,19 @@ async def _send_replay(send: Send, replay: CachedReplay) -> None:
     start, body = replay.messages
     await send(start)
     await send(body)
+
+
+def _facts_of(record: Record) -> UpstreamFacts:
+    """What the call behind a stored record cost, for the call log of its replays."""
+    response = record.response
+    facts = UpstreamFacts(usage=record.usage, cost_usd=record.cost_usd)
+    if response is not None:
+        facts.status = response.status
+        facts.request_id = provider_request_id(response.headers)
+        facts.stream = response.stream
+        if not response.stream:
+            facts.model = model_and_usage(response.body, response.headers)[0]
+    return facts
 
 
 def _mismatch(key: str) -> FingerprintMismatch:
@@ -90,11 +115,15 @@ class Gateway:
         store: Store,
         upstream: Upstream,
         clock: Clock | None = None,
+        call_log: CallLog | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
+        self.metrics = Metrics()
+        self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
+        self.observer = Observer(self.metrics, call_log, self.clock)
         names = [b"idempotency-key", b"x-idempotency-key"]
         if settings.key_from_request_id:
             names.append(b"x-request-id")
@@ -111,26 +140,36 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan and websockets: nothing to do (the server runs lifespan="off")
-        try:
-            if scope["path"].startswith("/_payonce/"):
+        if scope["path"].startswith("/_payonce/"):
+            try:
                 await admin.handle(self, scope, receive, send)
-            else:
-                await self._proxy(scope, receive, send)
-        except ClientGone:
+            except ProblemError as exc:
+                await problem_response(send, exc, scope["path"])
             return
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        record = self.observer.start(scope["method"], scope["path"], self.tenant(headers), headers)
+        send = self.observer.wrap_send(send, record)
+        try:
+            await self._proxy(scope, receive, send, record)
+        except ClientGone:
+            record.outcome, record.status = "rejected", 499
         except ProblemError as exc:
+            record.outcome = outcome_of(exc)
             await problem_response(send, exc, scope["path"])
         except Exception:
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             error = ProblemError("the gateway failed unexpectedly; see its log")
             await problem_response(send, error, scope["path"])
+        finally:
+            self.observer.finish(record)
 
     def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
         return tenant_of(headers, self._tenant_header)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, record: CallRecord) -> None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = read_key(headers, self._key_headers)
+        record.key = key
         if key is None and self.settings.require_key:
             raise IdempotencyKeyRequired(
                 "this gateway requires an Idempotency-Key header on every request"
@@ -144,16 +183,32 @@ class Gateway:
             headers=headers,
             body=body,
         )
+        record.model = model_of(body)
         if key is None:
-            forward = self._forward_unkeyed(request, send)
+            record.outcome = "passthrough"
+            forward = self._forward_unkeyed(request, send, record)
             if self.settings.on_disconnect == "continue":
                 await forward
             else:
                 await self._cancel_on_disconnect(forward, receive)
         else:
-            await self._keyed(key, request, receive, send)
+            await self._keyed(key, request, receive, send, record)
 
-    async def _forward_unkeyed(self, request: ProxiedRequest, send: Send) -> None:
+    async def _forward_unkeyed(
+        self, request: ProxiedRequest, send: Send, record: CallRecord
+    ) -> None:
+        facts = UpstreamFacts()
+        started = time.perf_counter()
+        try:
+            await self._relay_unkeyed(request, send, facts)
+        finally:
+            facts.latency = time.perf_counter() - started
+            self.observer.upstream_call(facts)
+            self.observer.apply(record, facts, saved=False)
+
+    async def _relay_unkeyed(
+        self, request: ProxiedRequest, send: Send, facts: UpstreamFacts
+    ) -> None:
         async with self.upstream.open(
             request.method,
             request.raw_path,
@@ -161,12 +216,17 @@ class Gateway:
             request.upstream_headers(),
             request.body,
         ) as response:
+            facts.status, facts.attempts = response.status, response.attempts
+            facts.request_id = provider_request_id(response.headers)
             if not is_event_stream(response.content_type):
                 body = await response.read()
+                facts.model, facts.usage = model_and_usage(body, response.headers)
+                facts.cost_usd = cost_of(facts.model, facts.usage)
                 await send_response(
                     send, StoredResponse(response.status, response.headers, body), _VIA
                 )
                 return
+            facts.stream = True
             # A stream nobody can claim: relayed chunk by chunk, nothing recorded.
             headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
             headers.append(_VIA)
@@ -209,8 +269,10 @@ class Gateway:
             watcher.remove_done_callback(on_message)
             watcher.cancel()
 
-    async def _keyed(self, key: str, request: ProxiedRequest, receive: Receive, send: Send) -> None:
-        tenant = self.tenant(request.headers)
+    async def _keyed(
+        self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
+    ) -> None:
+        tenant = record.tenant
         print_ = fingerprint(
             request.method,
             request.raw_path + ("?" + request.query if request.query else ""),
@@ -222,6 +284,8 @@ class Gateway:
             if cached.fingerprint != print_:
                 raise _mismatch(key)
             self.replay_counts.add(tenant, key)
+            record.outcome = "replayed"
+            self.observer.apply(record, cached.facts, saved=True)
             await _send_replay(send, cached)
             return
         after = _last_event_id(request.headers)
@@ -235,36 +299,50 @@ class Gateway:
                     raise _mismatch(key)
                 local.joined += 1
                 head = await self._join(local, deadline)
-                await self._answer(send, receive, head, _JOINED, after)
+                record.outcome = "joined"
+                try:
+                    await self._answer(send, receive, head, _JOINED, after)
+                finally:
+                    self.observer.apply(record, local.facts, saved=True)
                 return
             claim = await self.store.claim(
                 tenant, key, print_, lease=settings.lease, ttl=settings.ttl
             )
             if claim.status is ClaimStatus.ACQUIRED:
-                head = await self._execute(claim.record, request)
-                await self._answer(send, receive, head, _NOT_REPLAYED, after)
+                record.outcome = "forwarded"
+                execution = self._execute(claim.record, request)
+                try:
+                    head = await asyncio.shield(execution.head)
+                    await self._answer(send, receive, head, _NOT_REPLAYED, after, execution.facts)
+                finally:
+                    self.observer.apply(record, execution.facts, saved=False)
                 return
-            record = claim.record
+            stored = claim.record
             if claim.status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
-            if record.streaming:
+            facts = _facts_of(stored)
+            if stored.streaming:
                 # Completed, or being recorded by another process: its events.
                 self.replay_counts.add(tenant, key)
-                await relay_stored(send, receive, self.store, record, _JOINED, after)
+                record.outcome = "replayed" if claim.status is ClaimStatus.COMPLETED else "joined"
+                self.observer.apply(record, facts, saved=True)
+                await relay_stored(send, receive, self.store, stored, _JOINED, after)
                 return
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)
-                assert record.response is not None
+                assert stored.response is not None
                 entry = self.replays.put(
-                    tenant, key, record.fingerprint, record.expires_at, record.response
+                    tenant, key, stored.fingerprint, stored.expires_at, stored.response, facts
                 )
+                record.outcome = "replayed"
+                self.observer.apply(record, facts, saved=True)
                 await _send_replay(send, entry)
                 return
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
             remaining = deadline - loop.time()
             if remaining <= 0:
-                lease_left = record.lease_expires_at - self.clock.now()
+                lease_left = stored.lease_expires_at - self.clock.now()
                 raise RequestInProgress(
                     f"a request with Idempotency-Key {key!r} is still running; retry later",
                     retry_after=max(1.0, min(lease_left, 30.0)),
@@ -272,12 +350,22 @@ class Gateway:
             await self.store.wait(tenant, key, remaining)
 
     async def _answer(
-        self, send: Send, receive: Receive, head: Head, marker: tuple[bytes, bytes], after: int
+        self,
+        send: Send,
+        receive: Receive,
+        head: Head,
+        marker: tuple[bytes, bytes],
+        after: int,
+        facts: UpstreamFacts | None = None,
     ) -> None:
         if isinstance(head, ProblemError):
             raise head
         if isinstance(head, LiveStream):
             await relay_live(send, receive, head, marker, after)
+        elif facts is not None and facts.cost_usd is not None:
+            await send_response(
+                send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd)
+            )
         else:
             await send_response(send, head, marker)
 
@@ -291,7 +379,7 @@ class Gateway:
                 retry_after=max(1.0, math.ceil(self.settings.lease / 3)),
             ) from None
 
-    async def _execute(self, claimed: Record, request: ProxiedRequest) -> Head:
+    def _execute(self, claimed: Record, request: ProxiedRequest) -> Execution:
         execution = Execution(
             claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
         )
@@ -301,7 +389,7 @@ class Gateway:
         # Keep a reference: the task must outlive this request if the client leaves.
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(execution.head)
+        return execution
 
     async def _run(self, execution: Execution, request: ProxiedRequest) -> StoredResponse | None:
         stored = await run_execution(
@@ -312,9 +400,15 @@ class Gateway:
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
         )
+        self.observer.upstream_call(execution.facts)
         if stored is not None and not stored.stream:
             self.replays.put(
-                execution.tenant, execution.key, execution.fingerprint, execution.expires_at, stored
+                execution.tenant,
+                execution.key,
+                execution.fingerprint,
+                execution.expires_at,
+                stored,
+                execution.facts,
             )
         return stored
 
@@ -328,8 +422,11 @@ class Gateway:
         await asyncio.gather(*loops)
 
     async def _flush_replay_counts(self) -> None:
+        # Once a second: replay counts to the store, call log lines to their file.
         while True:
             await asyncio.sleep(_REPLAY_FLUSH_SECONDS)
+            if self.observer.call_log is not None:
+                self.observer.call_log.flush()
             await self.replay_counts.flush(self.store)
 
     async def _purge_expired(self, every: float) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.live import LiveStream
+from payonce.gateway.observing import UpstreamFacts, provider_request_id
 from payonce.gateway.recording import record_stream, release_quietly
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import ask_for_usage, is_event_stream
@@ -60,6 +62,7 @@ class Execution:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     task: asyncio.Task[StoredResponse | None] | None = None
+    facts: UpstreamFacts = field(default_factory=UpstreamFacts)
     joined: int = 0  # duplicates that awaited this run: counted as replays when it completes
 
     @property
@@ -104,7 +107,9 @@ async def run_execution(
     Returns the stored response, or ``None`` when nothing was stored.
     """
     name = (execution.tenant, execution.key)
+    facts = execution.facts
     body = request.body
+    started = time.perf_counter()
     added_usage = ask_for_usage(request.raw_path, body) if inject_stream_usage else None
     try:
         outcome: Outcome
@@ -116,7 +121,10 @@ async def run_execution(
                 request.upstream_headers(),
                 added_usage or body,
             ) as response:
+                facts.status, facts.attempts = response.status, response.attempts
+                facts.request_id = provider_request_id(response.headers)
                 if is_event_stream(response.content_type) and is_stored_status(response.status):
+                    facts.stream = True
                     tenant, key = execution.tenant, execution.key
 
                     async def backlog(after: int, upto: int) -> list[bytes]:
@@ -124,7 +132,7 @@ async def run_execution(
 
                     live = LiveStream(response.status, response.headers, backlog)
                     execution.head.set_result(live)
-                    return await record_stream(
+                    stored = await record_stream(
                         store,
                         execution.tenant,
                         execution.key,
@@ -134,10 +142,14 @@ async def run_execution(
                         strip_usage=added_usage is not None,
                         on_last_event=lambda: running.pop(name, None),
                         joined=lambda: execution.joined,
+                        facts=facts,
                     )
+                    facts.latency = time.perf_counter() - started
+                    return stored
                 outcome = UpstreamResponse(response.status, response.headers, await response.read())
         except ProblemError as exc:
             outcome = exc
+        facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
         stored = await _settle(store, execution, outcome)
@@ -171,15 +183,17 @@ async def _settle(store: Store, execution: Execution, outcome: Outcome) -> Store
         await release_quietly(store, execution.tenant, execution.key, execution.token)
         return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
-    model, usage = model_and_usage(outcome.body, outcome.headers)
+    facts = execution.facts
+    facts.model, facts.usage = model_and_usage(outcome.body, outcome.headers)
+    facts.cost_usd = cost_of(facts.model, facts.usage)
     try:
         stored = await store.complete(
             execution.tenant,
             execution.key,
             execution.token,
             response,
-            usage=usage,
-            cost_usd=cost_of(model, usage),
+            usage=facts.usage,
+            cost_usd=facts.cost_usd,
             replays=execution.joined,
         )
     except StoreUnavailable as exc:

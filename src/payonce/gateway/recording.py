@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.live import LiveStream
+from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.sse import EventSplitter, StreamUsage
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
@@ -104,6 +105,7 @@ async def record_stream(
     strip_usage: bool,
     on_last_event: Callable[[], object],
     joined: Callable[[], int],
+    facts: UpstreamFacts,
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record."""
     recorder = _Recorder(store, tenant, key, token, live)
@@ -130,6 +132,8 @@ async def record_stream(
         return None
     await recorder.flush()
     on_last_event()
+    facts.model, facts.usage = usage.model, usage.usage
+    facts.cost_usd = cost_of(usage.model, usage.usage)
     try:
         if not recorder.ok:
             await release_quietly(store, tenant, key, token)
@@ -140,8 +144,8 @@ async def record_stream(
             key,
             token,
             stored,
-            usage=usage.usage,
-            cost_usd=cost_of(usage.model, usage.usage),
+            usage=facts.usage,
+            cost_usd=facts.cost_usd,
             replays=joined(),
         )
     except StoreUnavailable as exc:

@@ -27,12 +27,13 @@ __all__ = [
 
 
 async def send_response(
-    send: Send, response: UpstreamResponse | StoredResponse, marker: tuple[bytes, bytes]
+    send: Send, response: UpstreamResponse | StoredResponse, *extra: tuple[bytes, bytes]
 ) -> None:
+    """Send a whole response with ``extra`` headers (the replay marker, the cost)."""
     headers = [
         (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
     ]
-    headers.append(marker)
+    headers.extend(extra)
     headers.append((b"content-length", str(len(response.body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from payonce.clock import Clock
 from payonce.errors import StoreUnavailable
+from payonce.gateway.observing import UpstreamFacts
 from payonce.store import Store, StoredResponse
 
 __all__ = ["CachedReplay", "ReplayCache", "ReplayCounter"]
@@ -31,6 +32,7 @@ class CachedReplay:
     fingerprint: str
     expires_at: float
     response: StoredResponse
+    facts: UpstreamFacts | None = None  # what the original call cost, for the call log
     _messages: tuple[dict[str, object], dict[str, object]] | None = None
 
     @property
@@ -69,10 +71,16 @@ class ReplayCache:
         return entry
 
     def put(
-        self, tenant: str, key: str, fingerprint: str, expires_at: float, response: StoredResponse
+        self,
+        tenant: str,
+        key: str,
+        fingerprint: str,
+        expires_at: float,
+        response: StoredResponse,
+        facts: UpstreamFacts | None = None,
     ) -> CachedReplay:
         """Remember a completed response; return the entry (cached or not, if too big)."""
-        entry = CachedReplay(fingerprint, expires_at, response)
+        entry = CachedReplay(fingerprint, expires_at, response, facts)
         size = len(response.body)
         # A few huge bodies must not flush everything else.
         if self._max_bytes == 0 or size > self._max_bytes // 8:

@@ -22,6 +22,7 @@ from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
 from payonce.gateway.upstream import Upstream, parse_upstream_url
+from payonce.observe.calllog import CallLog
 from payonce.store import open_store
 
 __all__ = ["run", "serve"]
@@ -99,7 +100,15 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
             )
             await upstream.start()
             stack.push_async_callback(upstream.close)
-            gateway = Gateway(settings, store, upstream, clock)
+            call_log = None
+            if settings.call_log is not None:
+                call_log = CallLog(
+                    settings.call_log,
+                    max_bytes=settings.call_log_max_bytes,
+                    backups=settings.call_log_backups,
+                )
+                stack.callback(call_log.close)
+            gateway = Gateway(settings, store, upstream, clock, call_log)
             config = uvicorn.Config(
                 gateway,
                 host=settings.host,

@@ -168,7 +168,7 @@ class Upstream:
                 raise _translate(exc) from exc
         complete = False
         try:
-            yield OpenResponse(response)
+            yield OpenResponse(response, attempts=attempt + 1)
             complete = True
         finally:
             if complete and response.content.at_eof():
@@ -191,8 +191,9 @@ def _translate(exc: BaseException) -> UpstreamTimeout | UpstreamUnavailable:
 class OpenResponse:
     """An upstream response whose body is still to be read; errors come out translated."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, attempts: int = 1) -> None:
         self._response = response
+        self.attempts = attempts  # connections tried: 1 + connect retries
         self.status = response.status
         self.headers = tuple(
             (name, value)

@@ -1,0 +1,173 @@
+"""Per-request bookkeeping for the call log and the metrics.
+
+Each proxied request gets a :class:`CallRecord` filled in along its way; when
+the response is finished, :meth:`Observer.finish` counts it and writes its call
+log line. Facts about the upstream call (status, provider request id, usage,
+cost) come from the run that made it (:class:`UpstreamFacts`), so a replay or a
+join reports what the original call cost once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from payonce.clock import Clock
+from payonce.errors import (
+    BodyTooLarge,
+    FingerprintMismatch,
+    IdempotencyKeyRequired,
+    InvalidIdempotencyKey,
+    ProblemError,
+    RequestInProgress,
+)
+from payonce.gateway.asgi import Message, Send
+from payonce.observe.calllog import CallLog, CallRecord
+from payonce.observe.metrics import Metrics
+
+__all__ = ["Observer", "UpstreamFacts", "model_of", "outcome_of", "provider_request_id"]
+
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_ids = random.Random()
+
+
+def model_of(body: bytes) -> str | None:
+    """The ``model`` of a JSON request body, found without parsing the whole body."""
+    match = _MODEL.search(body, 0, 4096)
+    return match.group(1).decode("utf-8", "replace") if match else None
+
+
+def provider_request_id(headers: tuple[tuple[str, str], ...]) -> str | None:
+    """The provider's id of a response, the key to join with its bill."""
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in ("x-request-id", "request-id"):
+            return value
+    return None
+
+
+def outcome_of(error: ProblemError) -> str:
+    if isinstance(error, RequestInProgress):
+        return "conflict"
+    if isinstance(error, FingerprintMismatch):
+        return "mismatch"
+    if isinstance(error, InvalidIdempotencyKey | IdempotencyKeyRequired | BodyTooLarge):
+        return "rejected"
+    if error.status < 500:
+        return "rejected"
+    return "error"
+
+
+@dataclass(slots=True)
+class UpstreamFacts:
+    """What one upstream call did and cost."""
+
+    status: int | None = None
+    request_id: str | None = None
+    model: str | None = None
+    usage: Mapping[str, int] | None = None
+    cost_usd: float | None = None
+    latency: float | None = None
+    attempts: int = 0
+    stream: bool = False
+
+
+class Observer:
+    """Counts requests and upstream calls; writes the call log when one is configured."""
+
+    def __init__(self, metrics: Metrics, call_log: CallLog | None, clock: Clock) -> None:
+        self.metrics = metrics
+        self.call_log = call_log
+        self.clock = clock
+
+    def start(
+        self, method: str, path: str, tenant: str, headers: list[tuple[bytes, bytes]]
+    ) -> CallRecord:
+        record = CallRecord(
+            request_id=f"{_ids.getrandbits(64):016x}",
+            method=method,
+            path=path,
+            tenant=tenant,
+            started=time.perf_counter(),
+        )
+        for name, value in headers:
+            if name == b"x-stainless-retry-count":
+                with contextlib.suppress(ValueError):
+                    record.client_retry = int(value)
+        self.metrics.in_flight.inc()
+        return record
+
+    @staticmethod
+    def wrap_send(send: Send, record: CallRecord) -> Send:
+        """``send`` that notes the status and adds ``x-payonce-request-id``."""
+        request_id = record.request_id.encode()
+
+        async def observed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                # A copy: cached replays share their header list between requests.
+                message = {
+                    **message,
+                    "headers": [*message["headers"], (b"x-payonce-request-id", request_id)],
+                }
+            await send(message)
+
+        return observed
+
+    def apply(self, record: CallRecord, facts: UpstreamFacts | None, *, saved: bool) -> None:
+        """Copy an upstream call's facts onto a request (as its cost, or as cost saved)."""
+        if facts is None:
+            return
+        record.upstream_status = facts.status
+        record.upstream_request_id = facts.request_id
+        record.model = record.model or facts.model
+        record.usage = dict(facts.usage) if facts.usage is not None else None
+        record.stream = facts.stream
+        if saved:
+            record.saved_usd = facts.cost_usd
+            record.cost_usd = 0.0
+            if facts.usage:
+                self.metrics.tokens.labels("saved", "input").inc(facts.usage.get("input_tokens", 0))
+                self.metrics.tokens.labels("saved", "output").inc(
+                    facts.usage.get("output_tokens", 0)
+                )
+            if facts.cost_usd:
+                self.metrics.saved_cost.labels(facts.model or "unknown").inc(facts.cost_usd)
+        else:
+            record.cost_usd = facts.cost_usd
+            record.upstream_attempts = facts.attempts
+            record.upstream_latency = facts.latency
+
+    def upstream_call(self, facts: UpstreamFacts) -> None:
+        """Count one upstream call: its status, latency, tokens and cost."""
+        metrics = self.metrics
+        metrics.upstream_calls.labels(str(facts.status) if facts.status else "error").inc()
+        if facts.latency is not None:
+            metrics.upstream_latency.observe(facts.latency)
+        if facts.usage:
+            metrics.tokens.labels("spent", "input").inc(facts.usage.get("input_tokens", 0))
+            metrics.tokens.labels("spent", "output").inc(facts.usage.get("output_tokens", 0))
+        if facts.cost_usd is not None:
+            metrics.cost.labels(facts.model or "unknown").inc(facts.cost_usd)
+        elif facts.status is not None and facts.status < 300:
+            metrics.unknown_cost.inc()
+
+    def finish(self, record: CallRecord) -> None:
+        finished = time.perf_counter()
+        metrics = self.metrics
+        metrics.in_flight.dec()
+        metrics.request(record.outcome, record.status)
+        if record.outcome in ("replayed", "joined"):
+            metrics.duplicates_prevented.labels(record.outcome).inc()
+        if record.unprotected_retry:
+            metrics.unprotected_retries.inc()
+        if record.outcome == "error" and record.status == 503:
+            metrics.store_errors.inc()
+        if record.upstream_latency is not None and record.outcome in ("forwarded", "passthrough"):
+            metrics.overhead.observe(max(0.0, finished - record.started - record.upstream_latency))
+        if self.call_log is not None:
+            self.call_log.write(record.line(finished, self.clock.now()))

@@ -1,0 +1,124 @@
+"""The gateway's Prometheus metrics, served at ``/_payonce/metrics``.
+
+Every name here is what ``deploy/grafana/payonce.json`` queries (a test checks
+that). Labels stay low-cardinality: no tenant, key or model label on counters
+that grow per request, except ``model`` on cost counters (a handful of values).
+
+Idempotency hit rate: ``(replayed + joined) / (forwarded + replayed + joined)``
+from ``payonce_requests_total{outcome}``. Cost per successful call:
+``payonce_cost_usd_total`` over ``payonce_requests_total{status_class="2xx"}``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics"]
+
+OUTCOMES = (
+    "forwarded",
+    "replayed",
+    "joined",
+    "conflict",
+    "mismatch",
+    "rejected",
+    "passthrough",
+    "error",
+)
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
+)  # fmt: skip
+
+
+class Metrics:
+    """One registry per gateway process, with label children bound once (cheap per request)."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        requests = Counter(
+            "payonce_requests",
+            "Client requests answered, by outcome and status class.",
+            ["outcome", "status_class"],
+            registry=registry,
+        )
+        self._requests = {
+            (outcome, status_class): requests.labels(outcome, status_class)
+            for outcome in OUTCOMES
+            for status_class in _STATUS_CLASSES
+        }
+        self.upstream_calls = Counter(
+            "payonce_upstream_calls",
+            "Calls made to the upstream, by status ('error' when no response came back).",
+            ["status"],
+            registry=registry,
+        )
+        self.duplicates_prevented = Counter(
+            "payonce_duplicates_prevented",
+            "Requests answered without an upstream call: replayed or joined.",
+            ["kind"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "payonce_tokens",
+            "Tokens of upstream calls made (spent) or answered without a call (saved).",
+            ["kind", "direction"],
+            registry=registry,
+        )
+        self.cost = Counter(
+            "payonce_cost_usd",
+            "Cost of upstream calls made, in USD, at list prices.",
+            ["model"],
+            registry=registry,
+        )
+        self.saved_cost = Counter(
+            "payonce_saved_cost_usd",
+            "What replays and joins would have cost as new upstream calls, in USD.",
+            ["model"],
+            registry=registry,
+        )
+        self.unknown_cost = Counter(
+            "payonce_unknown_cost_calls",
+            "Upstream calls whose cost is unknown (model not in the price table, or no usage).",
+            registry=registry,
+        )
+        self.unprotected_retries = Counter(
+            "payonce_unprotected_retries",
+            "SDK retries (x-stainless-retry-count > 0) that carried no idempotency key.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "payonce_store_errors",
+            "Requests that failed because the idempotency store could not answer.",
+            registry=registry,
+        )
+        self.upstream_latency = Histogram(
+            "payonce_upstream_latency_seconds",
+            "Time waiting for the upstream (to the whole response, or a stream's end).",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "payonce_gateway_overhead_seconds",
+            "Time the gateway added to a forwarded request (total minus upstream).",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "payonce_in_flight_requests",
+            "Client requests being answered right now.",
+            registry=registry,
+        )
+        self.upstream_in_flight = Gauge(
+            "payonce_upstream_in_flight",
+            "Keyed upstream runs in progress in this process.",
+            registry=registry,
+        )
+
+    def request(self, outcome: str, status: int) -> None:
+        self._requests[(outcome, f"{min(max(status // 100, 1), 5)}xx")].inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
