@@ -137,3 +137,18 @@ def test_modules_without_llm_calls_are_only_parsed(tmp_path: Path) -> None:
     path.write_text("import openai\n" + path.read_text())
     codes = sorted(finding.code for finding in lint_file(str(path), FileKind.PYTHON))
     assert codes == ["PO201", "PO401"]  # an unknown client: no SDK factor claimed
+
+
+def test_an_internal_error_is_a_finding_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from payonce.lint import engine
+
+    def broken(tree: object, path: str) -> list[object]:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(engine, "analyze_module", broken)
+    path = tmp_path / "app.py"
+    path.write_text("import openai\n")
+    (finding,) = lint_file(str(path), FileKind.PYTHON)
+    assert finding.code == "PO901" and "internal error" in finding.message

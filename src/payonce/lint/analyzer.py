@@ -383,7 +383,7 @@ class _Analyzer:
                     fresh_anywhere = True
                     fresh_here = bool(regions & {layer.region for layer in self.layers})
         if llm.timeout is not None:
-            self._timeout_finding(llm.node, llm.timeout, f"{llm.what}()")
+            self._timeout_finding(llm.node, llm.timeout, llm.what)
         self.sites.append(
             _Site(llm, id(self._function_scope()), self.layers, fresh_here, fresh_anywhere)
         )
@@ -529,7 +529,7 @@ class _Analyzer:
             self._add(
                 llm.node,
                 "PO102",
-                f"{len(layers)} application retry layers around {llm.what}():"
+                f"{len(layers)} application retry layers around {llm.what}:"
                 f" {describe_stack(layers)}: {_billed(_attempts(layers))} attempts; keep one",
             )
         if layers and llm.key is KeyState.NONE:
@@ -542,7 +542,7 @@ class _Analyzer:
             self._add(
                 llm.node,
                 "PO201",
-                f"{llm.what}() is retried by {describe_stack(layers)} without an idempotency"
+                f"{llm.what} is retried by {describe_stack(layers)} without an idempotency"
                 f" key{why}: every attempt is billed again; pass"
                 ' extra_headers={"Idempotency-Key": key} with a key made once per request,'
                 " outside the retry",
@@ -552,7 +552,7 @@ class _Analyzer:
             self._add(
                 llm.node,
                 "PO203",
-                f"the idempotency key of {llm.what}() is generated inside the retried code"
+                f"the idempotency key of {llm.what} is generated inside the retried code"
                 f" ({describe_stack(layers)}): each attempt sends a new key, so nothing is"
                 " replayed; generate it once per business request, outside the retry",
             )
@@ -567,7 +567,7 @@ class _Analyzer:
             self._add(
                 llm.node,
                 "PO202",
-                f"{llm.what}() through {client.label} ({client.describe_retries()}) re-sends"
+                f"{llm.what} through {client.label} ({client.describe_retries()}) re-sends"
                 f" up to {llm.sdk_attempts} times without an idempotency key: set"
                 ' client._idempotency_header = "Idempotency-Key" (behind payonce) or'
                 " max_retries=0",

@@ -66,7 +66,11 @@ class KeyState(Enum):
 
 @dataclass(frozen=True, slots=True)
 class LlmCall:
-    """One generation call: what it is, the client behind it, its key and timeout."""
+    """One generation call: what it is, the client behind it, its key and timeout.
+
+    ``what`` is how messages name the call: ``chat.completions.create()``,
+    ``litellm.completion()``, ``requests.post('https://.../v1/chat/completions')``.
+    """
 
     node: ast.Call
     what: str
@@ -101,7 +105,7 @@ def recognise(
     if qualified in _LITELLM_FUNCTIONS:
         return _litellm(call, qualified, names, value_of)
     if qualified in _LEGACY_OPENAI:
-        return _build(call, qualified, None, 1, "openai<1.0 does not retry", names, value_of)
+        return _build(call, f"{qualified}()", None, 1, "openai<1.0 does not retry", names, value_of)
     if isinstance(call.func, ast.Attribute):
         if call.func.attr == "post":
             return _http_post(call, names, value_of)
@@ -142,7 +146,7 @@ def _from_client(
     call: ast.Call, method: str, client: ClientInfo, names: ModuleNames, value_of: ValueLookup
 ) -> LlmCall:
     return _build(
-        call, method, client, client.sdk_attempts, client.describe_retries(), names, value_of
+        call, f"{method}()", client, client.sdk_attempts, client.describe_retries(), names, value_of
     )
 
 
@@ -164,7 +168,7 @@ def _litellm(call: ast.Call, qualified: str, names: ModuleNames, value_of: Value
     for factor in factors:
         floor *= factor or 1
     attempts = None if None in factors else floor
-    llm = _build(call, qualified, None, attempts, ", ".join(details), names, value_of)
+    llm = _build(call, f"{qualified}()", None, attempts, ", ".join(details), names, value_of)
     return replace(llm, sdk_floor=floor)
 
 

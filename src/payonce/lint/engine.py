@@ -171,6 +171,9 @@ def _lint_python(data: bytes, path: str) -> list[Finding]:
     except RecursionError:
         # A pathologically nested module: better one honest finding than a crash.
         return [Finding(path, 1, 1, "PO901", "too deeply nested to analyse", 1, 1)]
+    except Exception as exc:  # noqa: BLE001 - one odd file must not abort a CI run
+        message = f"not analysed, internal error in payonce lint (please report): {exc!r}"
+        return [Finding(path, 1, 1, "PO901", message, 1, 1)]
 
 
 def _lint_chunk(chunk: Sequence[tuple[str, FileKind]]) -> list[Finding]:
