@@ -30,6 +30,7 @@ from payonce.lint.retries import (
     retry_wrapper_layer,
 )
 from payonce.lint.sdk import (
+    SDK_DEFAULT_RETRIES,
     ClientInfo,
     ClientKind,
     client_from_call,
@@ -95,6 +96,10 @@ class _Analyzer:
         self.sites: list[_Site] = []
         self.edges: list[_Edge] = []
         self.callers: dict[int, list[_Edge]] = {}
+        # The openai module's own client, configured by openai.max_retries = N.
+        self.module_client = ClientInfo(
+            ClientKind.OPENAI, "openai (module)", 0, SDK_DEFAULT_RETRIES, False
+        )
         self.findings: list[Finding] = []
 
     def run(self) -> list[Finding]:
@@ -176,6 +181,8 @@ class _Analyzer:
                 if found is not None:
                     return found
             return None
+        if self.names.qualify(node) == "openai":
+            return self.module_client  # openai.chat.completions.create(...)
         return self._lookup(self.clients, node)
 
     def _returned_client(self, call: ast.Call) -> ClientInfo | None:
@@ -242,6 +249,12 @@ class _Analyzer:
     def _bind_attribute(self, target: ast.Attribute, value: ast.expr) -> None:
         # client._idempotency_header = "Idempotency-Key" / client.max_retries = 0
         if target.attr not in {"_idempotency_header", "max_retries"}:
+            return
+        if target.attr == "max_retries" and self.names.qualify(target.value) == "openai":
+            retries = self.names.integer(value)
+            self.module_client = replace(
+                self.module_client, max_retries=retries, retries_given=True
+            )
             return
         client = self._client_of(target.value)
         key = self._target_key(target.value)

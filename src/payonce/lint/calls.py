@@ -21,7 +21,6 @@ from enum import Enum
 from payonce.lint.names import ModuleNames, dotted
 from payonce.lint.sdk import (
     GENERATION_SUFFIXES,
-    SDK_DEFAULT_RETRIES,
     UNKNOWN_ANTHROPIC_SUFFIXES,
     ClientInfo,
     ClientKind,
@@ -125,9 +124,6 @@ def _method_call(
         node = node.value
         candidates.append((node, ".".join(suffix)))
     for base, method in candidates:
-        if names.qualify(base) == "openai" and method in GENERATION_SUFFIXES[ClientKind.OPENAI]:
-            module = ClientInfo(ClientKind.OPENAI, "openai (module)", 0, SDK_DEFAULT_RETRIES, False)
-            return _from_client(call, method, module, names, value_of)
         client = client_of(base)
         if client is not None and method in GENERATION_SUFFIXES[client.kind]:
             return _from_client(call, method, client, names, value_of)
