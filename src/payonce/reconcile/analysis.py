@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from payonce.errors import PayonceError
 from payonce.reconcile.engine import Engine
 from payonce.reconcile.report import (
     BillItem,
@@ -35,58 +36,97 @@ __all__ = ["Analysis", "AnalysisSettings", "analyse"]
 
 _DIMENSIONS = ("model", "endpoint", "tag", "day")
 
+_SETUP = """
+-- Text attributes travel through the big aggregations as 64-bit hashes: carrying
+-- strings through ten million groups is several times slower. ``dictionary``
+-- maps them back, and would show a collision (never silently merged).
+CREATE MACRO h(x) AS CASE WHEN x IS NULL THEN NULL ELSE hash(x) END;
+CREATE TABLE dictionary AS
+SELECT h, min(s) AS s, count(DISTINCT s) AS names FROM (
+    SELECT h(model) AS h, model AS s FROM calls
+    UNION ALL SELECT h(endpoint), endpoint FROM calls
+    UNION ALL SELECT h(tag), tag FROM calls
+    UNION ALL SELECT h(model), model FROM bill
+    UNION ALL SELECT h(endpoint), endpoint FROM bill
+) WHERE s IS NOT NULL GROUP BY h;
+"""
+
 _LINKS = """
 CREATE TABLE links AS
-SELECT provider_request_id AS pid,
-       min(business_id) AS business_id,
-       min(business_id) IS DISTINCT FROM max(business_id) AS conflicting,
-       min(business_id) IS NULL AND bool_or(unkeyed_retry) AS unkeyed_retry,
-       min(model) AS model, min(endpoint) AS endpoint, min(tag) AS tag, min(ts) AS ts
+SELECT provider_request_id AS pid, count(*) AS n, any_value(business_id) AS business_id,
+       bool_or(unkeyed_retry) AS unkeyed_retry, min(h(model)) AS model,
+       min(h(endpoint)) AS endpoint, min(h(tag)) AS tag, min(ts) AS ts, false AS conflicting
 FROM calls WHERE provider_request_id IS NOT NULL GROUP BY provider_request_id;
 
+-- A request id on several call lines (a replay that names it, a log read twice):
+-- pick its business request deterministically, and count ids whose lines disagree.
+UPDATE links SET business_id = multi.business_id, conflicting = multi.conflicting
+FROM (
+    SELECT provider_request_id AS pid, min(business_id) AS business_id,
+           min(business_id) <> max(business_id) AS conflicting
+    FROM calls WHERE provider_request_id IN (SELECT pid FROM links WHERE n > 1)
+    GROUP BY provider_request_id
+) AS multi
+WHERE links.pid = multi.pid;
+
 CREATE TABLE business AS
-SELECT business_id, bool_or(success) AS success, min(ts) AS first_ts,
-       min(model) AS model, min(endpoint) AS endpoint, min(tag) AS tag
+SELECT business_id, bool_or(success) AS success, min(ts) AS ts,
+       min(h(model)) AS model, min(h(endpoint)) AS endpoint, min(h(tag)) AS tag
 FROM calls WHERE business_id IS NOT NULL GROUP BY business_id;
 """
 
 _GENERATIONS = """
 CREATE TABLE generations AS
 WITH grouped AS (
-    SELECT coalesce(provider_request_id, '#' || src || ':' || pos) AS gid,
-           any_value(provider_request_id) AS pid, count(*) AS lines,
-           sum(cost_usd) AS cost, min(model) AS model, min(endpoint) AS endpoint,
-           min(ts) AS ts, min(src) AS src
-    FROM bill GROUP BY 1
-), joined AS (
-    SELECT g.gid, g.pid, g.lines, g.cost, g.src,
-           coalesce(g.model, l.model) AS model,
-           coalesce(l.endpoint, g.endpoint) AS endpoint,
-           l.tag, coalesce(g.ts, l.ts) AS ts,
-           l.pid IS NOT NULL AS matched, l.business_id,
-           coalesce(l.unkeyed_retry, false) AS unkeyed_retry
-    FROM grouped g LEFT JOIN links l ON g.pid = l.pid
+    SELECT provider_request_id AS gid, count(*) AS lines, sum(cost_usd) AS cost,
+           min(h(model)) AS model, min(h(endpoint)) AS endpoint, min(ts) AS ts, min(src) AS src
+    FROM bill WHERE provider_request_id IS NOT NULL GROUP BY provider_request_id
+    UNION ALL
+    -- A bill line without a request id is a generation of its own, matched by nothing.
+    SELECT '#' || src || ':' || coalesce(pos::VARCHAR, gen_random_uuid()::VARCHAR),
+           1, cost_usd, h(model), h(endpoint), ts, src
+    FROM bill WHERE provider_request_id IS NULL
 )
-SELECT *,
-       -- The cheapest generation of a business request is the one it needed;
-       -- every other one is a duplicate (so the waste is a lower bound).
-       matched AND (unkeyed_retry OR (business_id IS NOT NULL AND row_number() OVER (
-           PARTITION BY coalesce(business_id, gid) ORDER BY cost, ts NULLS LAST, gid) > 1
-       )) AS duplicate
-FROM joined;
+SELECT g.gid, l.pid IS NOT NULL AS matched, g.lines, g.cost, g.src,
+       coalesce(g.model, l.model) AS model,
+       coalesce(l.endpoint, g.endpoint) AS endpoint,
+       l.tag, coalesce(g.ts, l.ts) AS ts, l.business_id,
+       coalesce(l.business_id IS NULL AND l.unkeyed_retry, false) AS unkeyed_retry,
+       coalesce(l.business_id IS NULL AND l.unkeyed_retry, false) AS duplicate
+FROM grouped g LEFT JOIN links l ON g.gid = l.pid;
 """
 
-_BUSINESS_REQUESTS = """
-CREATE TABLE business_requests AS
-SELECT b.business_id, b.success,
-       coalesce(k.model, b.model) AS model,
-       coalesce(b.endpoint, k.endpoint) AS endpoint,
-       b.tag, CAST(coalesce(b.first_ts, k.ts) AS DATE) AS day
-FROM business b LEFT JOIN (
-    SELECT business_id, model, endpoint, ts FROM generations
-    WHERE business_id IS NOT NULL AND matched AND NOT duplicate
-) k USING (business_id);
-DROP TABLE business;
+_DUPLICATES = """
+-- Business requests billed more than once, and the generation each of them needed:
+-- the cheapest (then the earliest, then the smallest request id). All the others are
+-- duplicates, so the waste is a lower bound whichever answer the client used.
+CREATE TEMP TABLE repeated AS
+SELECT business_id FROM generations WHERE business_id IS NOT NULL
+GROUP BY business_id HAVING count(*) > 1;
+
+CREATE TEMP TABLE needed AS
+SELECT business_id, arg_min(gid, (cost, ts, gid)) AS gid
+FROM generations WHERE business_id IN (SELECT business_id FROM repeated)
+GROUP BY business_id;
+
+UPDATE generations SET duplicate = true
+FROM needed
+WHERE generations.business_id = needed.business_id AND generations.gid <> needed.gid;
+
+-- A business request's model, endpoint, tag and day come from its calls; when the
+-- calls do not say, from the generation it needed.
+UPDATE business SET
+    model = coalesce(business.model, kept.model),
+    endpoint = coalesce(business.endpoint, kept.endpoint),
+    tag = coalesce(business.tag, kept.tag),
+    ts = coalesce(business.ts, kept.ts)
+FROM (
+    SELECT business_id, model, endpoint, tag, ts FROM generations
+    WHERE NOT duplicate AND business_id IN (
+        SELECT business_id FROM business
+        WHERE model IS NULL OR endpoint IS NULL OR tag IS NULL OR ts IS NULL)
+) AS kept
+WHERE business.business_id = kept.business_id;
 """
 
 _GENERATION_FIGURES = """
@@ -100,7 +140,8 @@ SELECT GROUPING(model, endpoint, tag, day) AS grouping_id, model, endpoint, tag,
        coalesce(sum(cost), 0) AS total_cost_usd,
        coalesce(sum(cost) FILTER (duplicate), 0) AS wasted_cost_usd,
        coalesce(sum(cost) FILTER (NOT matched), 0) AS unmatched_cost_usd
-FROM (SELECT *, CAST(ts AS DATE)::VARCHAR AS day FROM generations)
+FROM (SELECT model, endpoint, tag, CAST(ts AS DATE) AS day, matched, duplicate,
+             unkeyed_retry, lines, cost FROM generations)
 GROUP BY GROUPING SETS ((), (model), (endpoint), (tag), (day))
 """
 
@@ -108,8 +149,16 @@ _BUSINESS_FIGURES = """
 SELECT GROUPING(model, endpoint, tag, day) AS grouping_id, model, endpoint, tag, day,
        count(*) AS business_requests,
        count(*) FILTER (success) AS successful_business_requests
-FROM (SELECT * REPLACE (day::VARCHAR AS day) FROM business_requests)
+FROM (SELECT model, endpoint, tag, CAST(ts AS DATE) AS day, success FROM business)
 GROUP BY GROUPING SETS ((), (model), (endpoint), (tag), (day))
+"""
+
+_NAMED = """
+SELECT f.* REPLACE (m.s AS model, e.s AS endpoint, t.s AS tag, day::VARCHAR AS day)
+FROM ({figures}) f
+LEFT JOIN dictionary m ON f.model = m.h
+LEFT JOIN dictionary e ON f.endpoint = e.h
+LEFT JOIN dictionary t ON f.tag = t.h
 """
 
 _OUTLIERS = """
@@ -118,7 +167,8 @@ WITH norms AS (
     SELECT model, median(cost) AS median, count(*) AS n
     FROM generations WHERE model IS NOT NULL AND cost > 0 GROUP BY model
 )
-SELECT g.*, norms.median FROM generations g JOIN norms USING (model)
+SELECT g.* REPLACE (d.s AS model), norms.median
+FROM generations g JOIN norms USING (model) JOIN dictionary d ON g.model = d.h
 WHERE norms.n >= {min_generations} AND norms.median > 0 AND g.cost > {factor} * norms.median
 """
 
@@ -152,16 +202,20 @@ class Analysis:
 
 def analyse(engine: Engine, files: Mapping[int, str], settings: AnalysisSettings) -> Analysis:
     """Join the loaded ``calls`` and ``bill`` tables and compute every figure."""
+    engine.execute(_SETUP, progress="reading names")
+    collisions = engine.scalar("SELECT count(*) FROM dictionary WHERE names > 1")
+    if collisions:  # pragma: no cover - a 64-bit hash collision among a few names
+        raise PayonceError("two model/endpoint/tag names share a hash; please report this")
     engine.execute(_LINKS, progress="grouping calls")
     conflicting = int(engine.scalar("SELECT count(*) FROM links WHERE conflicting") or 0)
     calls_period = engine.rows("SELECT min(ts), max(ts) FROM calls")[0]
     engine.execute("DROP TABLE calls")
     engine.execute(_GENERATIONS, progress="joining calls with the bill")
     unbilled = int(
-        engine.scalar("SELECT count(*) FROM links l ANTI JOIN generations g ON l.pid = g.pid") or 0
+        engine.scalar("SELECT count(*) FROM links l ANTI JOIN generations g ON l.pid = g.gid") or 0
     )
     engine.execute("DROP TABLE bill; DROP TABLE links")
-    engine.execute(_BUSINESS_REQUESTS, progress="business requests")
+    engine.execute(_DUPLICATES, progress="finding duplicates")
     slices = _figures(engine)
     totals = slices.pop(("", None), Figures())
     breakdowns: dict[str, tuple[Slice, ...]] = {}
@@ -208,8 +262,12 @@ def _slice_key(row: Mapping[str, Any]) -> tuple[str, str | None]:
 
 
 def _figures(engine: Engine) -> dict[tuple[str, str | None], Figures]:
-    generation_rows = {_slice_key(row): row for row in engine.dicts(_GENERATION_FIGURES)}
-    business_rows = {_slice_key(row): row for row in engine.dicts(_BUSINESS_FIGURES)}
+    generation_rows = {
+        _slice_key(row): row for row in engine.dicts(_NAMED.format(figures=_GENERATION_FIGURES))
+    }
+    business_rows = {
+        _slice_key(row): row for row in engine.dicts(_NAMED.format(figures=_BUSINESS_FIGURES))
+    }
     slices: dict[tuple[str, str | None], Figures] = {}
     for key in generation_rows.keys() | business_rows.keys():
         generations = generation_rows.get(key, {})
@@ -242,7 +300,7 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
     )[0]
     top = tuple(
         Outlier(
-            provider_request_id=row["pid"],
+            provider_request_id=None if row["gid"].startswith("#") else row["gid"],
             business_id=row["business_id"],
             model=row["model"],
             cost_usd=Decimal(row["cost"]),
@@ -251,7 +309,7 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
             file=files.get(row["src"], "?"),
         )
         for row in engine.dicts(
-            "SELECT pid, business_id, model, cost, median, ts, src FROM outliers"
+            "SELECT gid, business_id, model, cost, median, ts, src FROM outliers"
             f" ORDER BY cost / median DESC, cost DESC, gid LIMIT {int(settings.top)}"
         )
     )
@@ -268,7 +326,7 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
 def _unmatched(engine: Engine, files: Mapping[int, str], top: int) -> tuple[BillItem, ...]:
     return tuple(
         BillItem(
-            provider_request_id=row["pid"],
+            provider_request_id=None if row["gid"].startswith("#") else row["gid"],
             cost_usd=Decimal(row["cost"] or 0),
             lines=int(row["lines"]),
             model=row["model"],
@@ -276,7 +334,8 @@ def _unmatched(engine: Engine, files: Mapping[int, str], top: int) -> tuple[Bill
             file=files.get(row["src"], "?"),
         )
         for row in engine.dicts(
-            "SELECT pid, cost, lines, model, ts, src FROM generations WHERE NOT matched"
+            "SELECT gid, cost, lines, d.s AS model, ts, src FROM generations"
+            " LEFT JOIN dictionary d ON model = d.h WHERE NOT matched"
             f" ORDER BY cost DESC NULLS LAST, gid LIMIT {int(top)}"
         )
     )

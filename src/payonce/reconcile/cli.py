@@ -131,7 +131,7 @@ def _fraction(value: str) -> float:
 )
 @click.option(
     "--memory-limit",
-    default="2GiB",
+    default="3GiB",
     show_default=True,
     help="DuckDB memory limit; beyond it, work spills to --temp-dir.",
 )

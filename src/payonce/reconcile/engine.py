@@ -41,7 +41,7 @@ class ProgressSink(Protocol):
 class EngineSettings:
     """Resource limits. ``memory_limit`` is DuckDB syntax (``2GiB``, ``500MB``)."""
 
-    memory_limit: str = "2GiB"
+    memory_limit: str = "3GiB"
     temp_directory: Path | None = None
     threads: int | None = None
 
@@ -62,12 +62,13 @@ class Engine:
             self.execute(f"SET temp_directory = {sql_string(str(settings.temp_directory))}")
         # Days are UTC days whatever the machine's zone is.
         self.execute("SET TimeZone = 'UTC'")
-        # Keep file order so that row_number() OVER () is the line number.
-        self.execute("SET preserve_insertion_order = true")
-        if progress is not None:
-            self.execute("SET enable_progress_bar = true")
-            self.execute("SET enable_progress_bar_print = false")
-            self.execute("SET progress_bar_time = 0")
+        # Order only matters while numbering the lines of a JSON file (see
+        # ``ordered``); elsewhere it costs memory and time for nothing.
+        self.execute("SET preserve_insertion_order = false")
+        # DuckDB would draw its own bar on stdout; ours (if any) polls instead.
+        self.execute(f"SET enable_progress_bar = {progress is not None}")
+        self.execute("SET enable_progress_bar_print = false")
+        self.execute("SET progress_bar_time = 0")
 
     def close(self) -> None:
         self.connection.close()
@@ -77,6 +78,15 @@ class Engine:
         are bad input. ``progress`` labels the progress bar, if one is shown."""
         with self._translated(source), self._tracked(progress or source):
             self.connection.execute(sql)
+
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """Keep file order inside the block, so that ``row_number() OVER ()`` numbers lines."""
+        self.execute("SET preserve_insertion_order = true")
+        try:
+            yield
+        finally:
+            self.execute("SET preserve_insertion_order = false")
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         """All rows of a query."""

@@ -127,7 +127,10 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
         )
         engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
     else:
-        engine.execute(f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label)
+        with engine.ordered():
+            engine.execute(
+                f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label
+            )
         engine.execute(
             f"INSERT INTO malformed SELECT src, pos, reason FROM {table}"
             f" WHERE src = {source.index} AND reason IS NOT NULL ORDER BY pos"
@@ -163,12 +166,14 @@ def _csv_select(source: Source, rejects: str) -> str:
     # Money columns keep '' instead of NULL, so an empty amount fails to convert
     # and is rejected with its line number instead of passing as "no cost".
     money = [c for n, c in source.columns.items() if fields[n] is FieldKind.MONEY]
+    money_list = ", ".join(sql_string(column) for column in money)
+    keep_empty = f" force_not_null = [{money_list}]," if money else ""
     reader = (
         f"read_csv({sql_string(str(sniffed.path))}, header = true, auto_detect = false,"
         f" delim = {sql_string(sniffed.delimiter)}, quote = '\"', escape = '\"',"
         f" columns = {{{types}}}, store_rejects = true,"
         f" rejects_table = '{rejects}_errors', rejects_scan = '{rejects}_scans',"
-        f" force_not_null = [{', '.join(sql_string(c) for c in money)}],"
+        f"{keep_empty}"
         f" compression = '{'gzip' if sniffed.gzip else 'none'}', max_line_size = {_MAX_LINE})"
     )
     values = {name: _quoted(column) for name, column in source.columns.items()}
@@ -176,7 +181,9 @@ def _csv_select(source: Source, rejects: str) -> str:
     return _normalize(
         source,
         values,
-        f"SELECT row_number() OVER () AS __pos, * FROM {reader}",
+        # CSV rows need no number (DuckDB numbers the rejected lines itself), and
+        # numbering them would serialize the scan.
+        f"SELECT NULL::BIGINT AS __pos, * FROM {reader}",
         scope=_quoted(scope) if scope and scope in sniffed.columns else None,
         retry_flag=_quoted(flag) if flag and flag in sniffed.columns else None,
     )
@@ -307,7 +314,7 @@ def _normalize(
 
     def text(name: str) -> str:
         value = values.get(name)
-        return f"nullif(trim({value}), '')" if value else "NULL"
+        return f"nullif({value}, '')" if value else "NULL"
 
     def plain(name: str) -> str:
         return values.get(name) or "NULL"
@@ -341,7 +348,8 @@ def _normalize(
     # retry known to have been sent without one (then it duplicates another call).
     business = (
         f"CASE WHEN {key} IS NOT NULL THEN {key}"
-        f" WHEN NOT {retry} THEN '#{source.index}:' || __pos END"
+        f" WHEN NOT {retry} THEN '#{source.index}:' || coalesce(__pos::VARCHAR,"
+        " gen_random_uuid()::VARCHAR) END"
     )
     columns += [
         f"{business} AS business_id",
