@@ -38,8 +38,9 @@ from payonce.lint.sdk import (
     is_deriving_call,
     protected_client,
 )
-from payonce.lint.stacks import describe_stack, worst_stack
+from payonce.lint.stacks import worst_stack
 from payonce.lint.timeouts import check_timeout
+from payonce.lint.verdicts import judge_call
 
 __all__ = ["analyze_module"]
 
@@ -129,7 +130,8 @@ class _Analyzer:
         head = name.split(".")[0]
         owner = self._class_scope()
         if head in {"self", "cls"} and owner is not None:
-            return id(owner), "self." + name.split(".", 1)[1] if "." in name else name
+            attribute = name.split(".", 1)[1] if "." in name else ""
+            return id(owner), f"self.{attribute}" if attribute else name
         if isinstance(self.stack[-1], ast.ClassDef) and isinstance(target, ast.Name):
             return id(self.stack[-1]), "self." + name  # class attribute, read as self.<name>
         return id(self._function_scope()), name
@@ -517,74 +519,9 @@ class _Analyzer:
                 incoming_cache[site.function] = self._incoming(site.function, frozenset())
             stacks = [(*outer, *site.layers) for outer in incoming_cache[site.function]]
             callers_retry = any(incoming_cache[site.function])
-            self._judge(site, worst_stack(stacks), callers_retry=callers_retry)
-
-    def _judge(self, site: _Site, layers: tuple[RetryLayer, ...], *, callers_retry: bool) -> None:
-        llm = site.call
-        client = llm.client
-        if client is not None and client.wrapper_retries:
-            wrappers = tuple(
-                RetryLayer("LangChain .with_retry()", line, attempts, "attempts not a literal", -1)
-                for attempts, line in client.wrapper_retries
-            )
-            layers = (*layers, *wrappers)
-        unknown_client = client is not None and client.kind is ClientKind.UNKNOWN
-        sdk_retries = llm.sdk_attempts is None or llm.sdk_attempts > 1
-        if layers and sdk_retries and not unknown_client:
-            self._add(
-                llm.node,
-                "PO101",
-                f"{llm.label} ({llm.sdk_detail}) is retried by {describe_stack(layers)}:"
-                f" {_billed([llm.sdk_attempts, *_attempts(layers)], llm.sdk_floor)} billed calls"
-                f" per logical call at worst; {_sdk_fix(llm)} and keep one retry layer",
-            )
-        if len(layers) >= 2:
-            self._add(
-                llm.node,
-                "PO102",
-                f"{len(layers)} application retry layers around {llm.what}:"
-                f" {describe_stack(layers)}: {_billed(_attempts(layers))} attempts; keep one",
-            )
-        if layers and llm.key is KeyState.NONE:
-            why = (
-                "; the client's own key (_idempotency_header or protect()) is minted per SDK"
-                " call, so it is new on every application attempt"
-                if llm.sends_sdk_key
-                else ""
-            )
-            self._add(
-                llm.node,
-                "PO201",
-                f"{llm.what} is retried by {describe_stack(layers)} without an idempotency"
-                f" key{why}: every attempt is billed again; pass"
-                ' extra_headers={"Idempotency-Key": key} with a key made once per request,'
-                " outside the retry",
-            )
-        fresh = site.fresh_key or (site.fresh_key_in_function and callers_retry)
-        if layers and llm.key is KeyState.EXPLICIT and fresh:
-            self._add(
-                llm.node,
-                "PO203",
-                f"the idempotency key of {llm.what} is generated inside the retried code"
-                f" ({describe_stack(layers)}): each attempt sends a new key, so nothing is"
-                " replayed; generate it once per business request, outside the retry",
-            )
-        if (
-            llm.sdk_attempts is not None
-            and llm.sdk_attempts > 1
-            and client is not None
-            and not unknown_client
-            and llm.key is KeyState.NONE
-            and not llm.sends_sdk_key
-        ):
-            self._add(
-                llm.node,
-                "PO202",
-                f"{llm.what} through {client.label} ({client.describe_retries()}) re-sends"
-                f" up to {llm.sdk_attempts} times without an idempotency key: set"
-                ' client._idempotency_header = "Idempotency-Key" (behind payonce) or'
-                " max_retries=0",
-            )
+            fresh = site.fresh_key or (site.fresh_key_in_function and callers_retry)
+            for code, message in judge_call(site.call, worst_stack(stacks), fresh_key=fresh):
+                self._add(site.call.node, code, message)
 
     def _add(self, node: ast.AST, code: str, message: str) -> None:
         line = getattr(node, "lineno", 1)
@@ -601,28 +538,3 @@ def _parameters(scope: _Scope) -> set[str]:
     names = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
     names += [argument for argument in (arguments.vararg, arguments.kwarg) if argument]
     return {argument.arg for argument in names}
-
-
-def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:
-    return [layer.attempts for layer in layers]
-
-
-def _sdk_fix(llm: LlmCall) -> str:
-    if llm.client is None and llm.what.startswith("litellm."):
-        return "pass max_retries=0 and num_retries=0"
-    return "construct it with max_retries=0"
-
-
-def _billed(factors: list[int | None], floor: int = 1) -> str:
-    """``3 x 5 = 15``, or ``3 x ? = at least 3 (some factors unknown)``.
-
-    ``floor`` is what is known of the first factor when it is unknown.
-    """
-    known = floor if factors and factors[0] is None else 1
-    for factor in factors:
-        if factor is not None:
-            known *= factor
-    shown = " x ".join(str(factor) if factor is not None else "?" for factor in factors)
-    if any(factor is None for factor in factors):
-        return f"{shown} = at least {known} (some factors unknown)"
-    return f"{shown} = {known}" if len(factors) > 1 else str(known)
