@@ -1,0 +1,180 @@
+"""Cost per call, the call log and the metrics, after scripted scenarios against real processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+import uuid
+from pathlib import Path
+
+import httpx2 as httpx
+import orjson
+import pytest
+
+from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
+
+NO_PACING = {"X-Sim-Token-Ms": "0"}
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus exposition, 0 when absent."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        got = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
+        if got == wanted:
+            return float(match.group(3))
+    return 0.0
+
+
+def call_log(path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_a_scripted_scenario_is_counted_exactly(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "calls.jsonl"
+    gateway = start_gateway("--call-log", str(log_path))
+    first = chat(gateway.url, "obs-a")  # forwarded
+    chat(gateway.url, "obs-a")  # replayed
+    chat(gateway.url, "obs-a")  # replayed
+    assert chat(gateway.url, "obs-a", body={**CHAT, "max_tokens": 3}).status_code == 422  # mismatch
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # 1 forwarded + 2 joined
+        list(
+            pool.map(
+                lambda _: chat(gateway.url, "obs-b", headers={"X-Sim-Delay-Ms": "600"}), range(3)
+            )
+        )
+    chat(gateway.url)  # passthrough
+    chat(gateway.url, headers={"x-stainless-retry-count": "1"})  # passthrough, an unprotected retry
+    assert chat(gateway.url, "bad key").status_code == 400  # rejected
+    text = httpx.get(gateway.url + "/_payonce/metrics").text
+    counts = {
+        outcome: metric(text, "payonce_requests_total", outcome=outcome, status_class=cls)
+        for outcome, cls in [("forwarded", "2xx"), ("replayed", "2xx"), ("joined", "2xx"),
+                             ("mismatch", "4xx"), ("passthrough", "2xx"), ("rejected", "4xx")]
+    }  # fmt: skip
+    assert counts == {
+        "forwarded": 2,
+        "replayed": 2,
+        "joined": 2,
+        "mismatch": 1,
+        "passthrough": 2,
+        "rejected": 1,
+    }
+    assert metric(text, "payonce_duplicates_prevented_total", kind="replayed") == 2
+    assert metric(text, "payonce_duplicates_prevented_total", kind="joined") == 2
+    assert metric(text, "payonce_unprotected_retries_total") == 1
+    assert metric(text, "payonce_upstream_calls_total", status="200") == 4
+    ledger = fresh_sim.ledger()
+    assert ledger["billed"] == 4
+    spent = metric(text, "payonce_cost_usd_total", model="gpt-4o-mini")
+    assert spent == pytest.approx(ledger["cost_usd"])
+    saved = metric(text, "payonce_saved_cost_usd_total", model="gpt-4o-mini")
+    assert saved == pytest.approx(4 * ledger["entries"][0]["cost_usd"])
+    assert float(first.headers["x-payonce-cost-usd"]) == pytest.approx(
+        ledger["entries"][0]["cost_usd"]
+    )
+    assert metric(text, "payonce_upstream_latency_seconds_count") == 4
+    assert metric(text, "payonce_in_flight_requests") == 0
+
+    gateway.stop()  # a graceful stop flushes the call log
+    lines = call_log(log_path)
+    outcomes = sorted(str(line["outcome"]) for line in lines)
+    assert outcomes == sorted(
+        ["forwarded", "replayed", "replayed", "mismatch", "forwarded", "joined", "joined",
+         "passthrough", "passthrough", "rejected"]
+    )  # fmt: skip
+    assert all(line["v"] == 1 and line["tenant"] and "Bearer" not in str(line) for line in lines)
+    assert len({line["request_id"] for line in lines}) == len(lines)
+    billed_ids = {entry["provider_request_id"] for entry in ledger["entries"]}
+    forwarded = [line for line in lines if line["outcome"] in ("forwarded", "passthrough")]
+    assert {line["upstream_request_id"] for line in forwarded} == billed_ids
+    assert all(line["upstream_attempts"] == 1 and line["cost_usd"] for line in forwarded)
+    for line in lines:
+        if line["outcome"] in ("replayed", "joined"):
+            assert line["upstream_attempts"] == 0 and line["cost_usd"] == 0
+            assert line["saved_usd"] == pytest.approx(ledger["entries"][0]["cost_usd"])
+            assert line["upstream_request_id"] in billed_ids
+    retries = [line for line in lines if line["unprotected_retry"]]
+    assert len(retries) == 1 and retries[0]["client_retry"] == 1
+    assert all(line["model"] == "gpt-4o-mini" for line in lines if line["outcome"] != "rejected")
+
+
+CASES = [
+    (
+        "/v1/chat/completions",
+        {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "price me"}],
+            "max_tokens": 40,
+        },
+    ),
+    (
+        "/v1/completions",
+        {"model": "gpt-3.5-turbo-instruct", "prompt": "price me please", "max_tokens": 30},
+    ),
+    ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "price me"}),
+    (
+        "/v1/messages",
+        {
+            "model": "claude-sonnet-4-20250514",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "price me"}],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "body"), CASES)
+def test_known_token_counts_give_exactly_the_expected_cost(
+    start_gateway: GatewayFactory, fresh_sim: Sim, path: str, body: dict[str, object], stream: bool
+) -> None:
+    if stream and path == "/v1/embeddings":
+        pytest.skip("embeddings do not stream")
+    gateway = start_gateway(store="memory://")
+    key = f"cost-{uuid.uuid4()}"
+    sent = {**body, "stream": True} if stream else body
+    headers = {**AUTH, **NO_PACING, "Idempotency-Key": key, "x-api-key": "sk-x"}
+    with httpx.stream(
+        "POST", gateway.url + path, json=sent, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        response.read()
+    doc = httpx.get(f"{gateway.url}/_payonce/requests/{key}?wait=10", headers=headers).json()
+    entry = fresh_sim.ledger()["entries"][0]
+    assert doc["usage"]["input_tokens"] == entry["input_tokens"]
+    assert doc["usage"]["output_tokens"] == entry["output_tokens"]
+    assert doc["cost_usd"] == pytest.approx(entry["cost_usd"], rel=1e-9)
+
+
+def test_metrics_can_require_a_token(start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway("--metrics-token", "s3cret")
+    assert httpx.get(gateway.url + "/_payonce/metrics").status_code == 401
+    ok = httpx.get(gateway.url + "/_payonce/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200 and "payonce_requests_total" in ok.text
+
+
+def test_the_call_log_rotates_by_size(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "rot.jsonl"
+    gateway = start_gateway(
+        "--call-log", str(log_path), "--call-log-max-bytes", "2KB", "--call-log-backups", "2"
+    )
+    for _ in range(4):  # ~11 KB in four or more flushes: at least three rotations
+        for _ in range(5):
+            chat(gateway.url)
+        time.sleep(1.3)  # the call log is flushed once a second
+    gateway.stop()
+    files = sorted(p.name for p in tmp_path.glob("rot.jsonl*"))
+    assert files == ["rot.jsonl", "rot.jsonl.1", "rot.jsonl.2"], "two backups kept, no more"
+    for path in tmp_path.glob("rot.jsonl*"):
+        assert all(orjson.loads(line)["outcome"] for line in path.read_bytes().splitlines())
