@@ -270,3 +270,21 @@ async def test_a_batch_of_thousands_of_events_is_one_append(redis_store: RedisSt
     assert await redis_store.read_events("t", "k", after=2499) == [events[-1], b"last"]
     record = await redis_store.get("t", "k")
     assert record is not None and record.events == 2501
+
+
+async def test_a_claim_run_twice_after_a_lost_reply_is_still_acquired(
+    redis_store: RedisStore,
+) -> None:
+    # redis-py re-sends a command once when its connection breaks; the claim
+    # may then run twice with the same token. The second run must not report
+    # the caller's own claim as somebody else's run in progress.
+    from payonce.store.redis import scripts
+
+    keys = redis_store.keys("t", "k")
+    now = redis_store._clock.now()
+    args = ("fp", "0123456789abcdef", repr(now), repr(now + 30), repr(now + 3600), 3_660_000)
+    assert await redis_store._run(scripts.CLAIM, keys, *args) == [b"acquired"]
+    assert await redis_store._run(scripts.CLAIM, keys, *args) == [b"acquired"]
+    other = await redis_store.claim("t", "k", "fp", lease=30, ttl=3600)
+    assert other.status is ClaimStatus.IN_PROGRESS
+    assert other.record.token == "0123456789abcdef"
