@@ -223,6 +223,14 @@ def cli() -> None:
     " aggregates only).",
 )
 @click.option(
+    "--otel/--no-otel",
+    envvar=_env("otel"),
+    default=True,
+    show_default=True,
+    help="Emit OpenTelemetry spans (request, upstream call) when opentelemetry-api is"
+    " installed; configure the exporter with the OpenTelemetry SDK as usual.",
+)
+@click.option(
     "--sim-port",
     envvar=_env("sim_port"),
     type=int,

@@ -81,6 +81,7 @@ class GatewaySettings:
     call_log_max_bytes: int = 100 * 1024 * 1024
     call_log_backups: int = 5
     metrics_token: str | None = None
+    otel: bool = True  # spans through opentelemetry-api, when it is installed
     sim_port: int = 8100
     log_level: str = "info"
 

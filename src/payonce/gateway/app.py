@@ -54,6 +54,7 @@ from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.pricing import cost_of
+from payonce.observe.tracing import open_tracing
 from payonce.observe.usage import model_and_usage
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
@@ -123,7 +124,8 @@ class Gateway:
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
         self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
-        self.observer = Observer(self.metrics, call_log, self.clock)
+        tracing = open_tracing() if settings.otel else None
+        self.observer = Observer(self.metrics, call_log, self.clock, tracing)
         names = [b"idempotency-key", b"x-idempotency-key"]
         if settings.key_from_request_id:
             names.append(b"x-request-id")
@@ -197,13 +199,12 @@ class Gateway:
     async def _forward_unkeyed(
         self, request: ProxiedRequest, send: Send, record: CallRecord
     ) -> None:
-        facts = UpstreamFacts()
-        started = time.perf_counter()
+        facts = UpstreamFacts(started=time.perf_counter())
         try:
             await self._relay_unkeyed(request, send, facts)
         finally:
-            facts.latency = time.perf_counter() - started
-            self.observer.upstream_call(facts)
+            facts.latency = time.perf_counter() - facts.started
+            self.observer.upstream_call(facts, request.raw_path)
             self.observer.apply(record, facts, saved=False)
 
     async def _relay_unkeyed(
@@ -400,7 +401,7 @@ class Gateway:
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
         )
-        self.observer.upstream_call(execution.facts)
+        self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:
             self.replays.put(
                 execution.tenant,

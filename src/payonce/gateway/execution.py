@@ -109,7 +109,7 @@ async def run_execution(
     name = (execution.tenant, execution.key)
     facts = execution.facts
     body = request.body
-    started = time.perf_counter()
+    started = facts.started = time.perf_counter()
     added_usage = ask_for_usage(request.raw_path, body) if inject_stream_usage else None
     try:
         outcome: Outcome

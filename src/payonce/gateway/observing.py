@@ -28,6 +28,7 @@ from payonce.errors import (
 from payonce.gateway.asgi import Message, Send
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.metrics import Metrics
+from payonce.observe.tracing import Tracing
 
 __all__ = ["Observer", "UpstreamFacts", "model_of", "outcome_of", "provider_request_id"]
 
@@ -74,15 +75,23 @@ class UpstreamFacts:
     latency: float | None = None
     attempts: int = 0
     stream: bool = False
+    started: float = 0.0  # time.perf_counter() when the call began
 
 
 class Observer:
     """Counts requests and upstream calls; writes the call log when one is configured."""
 
-    def __init__(self, metrics: Metrics, call_log: CallLog | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        call_log: CallLog | None,
+        clock: Clock,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.metrics = metrics
         self.call_log = call_log
         self.clock = clock
+        self.tracing = tracing
 
     def start(
         self, method: str, path: str, tenant: str, headers: list[tuple[bytes, bytes]]
@@ -142,8 +151,10 @@ class Observer:
             record.upstream_attempts = facts.attempts
             record.upstream_latency = facts.latency
 
-    def upstream_call(self, facts: UpstreamFacts) -> None:
+    def upstream_call(self, facts: UpstreamFacts, path: str) -> None:
         """Count one upstream call: its status, latency, tokens and cost."""
+        if self.tracing is not None:
+            self.tracing.upstream(facts, path, facts.started)
         metrics = self.metrics
         metrics.upstream_calls.labels(str(facts.status) if facts.status else "error").inc()
         if facts.latency is not None:
@@ -171,3 +182,5 @@ class Observer:
             metrics.overhead.observe(max(0.0, finished - record.started - record.upstream_latency))
         if self.call_log is not None:
             self.call_log.write(record.line(finished, self.clock.now()))
+        if self.tracing is not None:
+            self.tracing.request(record, finished)
