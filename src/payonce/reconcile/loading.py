@@ -81,6 +81,7 @@ class LoadedSource:
     source: Source
     rows: int
     malformed: int
+    note: str = ""
 
 
 def _present(column: str, sniffed: Sniffed) -> bool:
@@ -115,11 +116,29 @@ def create_tables(engine: Engine) -> None:
 def load_source(engine: Engine, source: Source) -> LoadedSource:
     """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``."""
     table = "calls" if source.side is Side.CALLS else "bill"
+    note = ""
     if source.sniffed.container is Container.CSV:
         rejects = f"rejects_{source.index}"
-        engine.execute(
-            f"INSERT INTO {table} BY NAME {_csv_select(source, rejects)}", source=source.label
-        )
+        try:
+            engine.execute(
+                f"INSERT INTO {table} BY NAME {_csv_select(source, rejects, strict=True)}",
+                source=source.label,
+            )
+        except ConfigError as exc:
+            if "state machine" not in str(exc):
+                raise
+            # Mixed line endings or a stray quote stop DuckDB's strict parser for the
+            # whole file. Read it leniently instead, and say what that costs.
+            engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors")
+            engine.execute(f"DROP TABLE IF EXISTS {rejects}_scans")
+            engine.execute(
+                f"INSERT INTO {table} BY NAME {_csv_select(source, rejects, strict=False)}",
+                source=source.label,
+            )
+            note = (
+                "read leniently (mixed line endings or stray quotes): a row with too"
+                " many columns keeps the first ones instead of being reported"
+            )
         engine.execute(
             f"INSERT INTO malformed SELECT {source.index}, line, {_REJECT_REASON}"
             f" FROM {rejects}_errors ORDER BY line",
@@ -138,7 +157,7 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
         engine.execute(f"DELETE FROM {table} WHERE src = {source.index} AND reason IS NOT NULL")
     rows = engine.scalar(f"SELECT count(*) FROM {table} WHERE src = {source.index}")
     bad = engine.scalar(f"SELECT count(*) FROM malformed WHERE src = {source.index}")
-    return LoadedSource(source, int(rows or 0), int(bad or 0))
+    return LoadedSource(source, int(rows or 0), int(bad or 0), note)
 
 
 # ---------------------------------------------------------------- CSV
@@ -153,7 +172,7 @@ _REJECT_REASON = """CASE error_type
     ELSE lower(error_type) || ': ' || error_message END"""
 
 
-def _csv_select(source: Source, rejects: str) -> str:
+def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
     sniffed = source.sniffed
     fields = fields_of(source.side)
     kind_of_column: dict[str, FieldKind] = {}
@@ -174,7 +193,8 @@ def _csv_select(source: Source, rejects: str) -> str:
         f" columns = {{{types}}}, store_rejects = true,"
         f" rejects_table = '{rejects}_errors', rejects_scan = '{rejects}_scans',"
         f"{keep_empty}"
-        f" compression = '{'gzip' if sniffed.gzip else 'none'}', max_line_size = {_MAX_LINE})"
+        f" compression = '{'gzip' if sniffed.gzip else 'none'}', max_line_size = {_MAX_LINE},"
+        f" strict_mode = {str(strict).lower()})"
     )
     values = {name: _quoted(column) for name, column in source.columns.items()}
     scope, flag = source.format.business_scope, source.format.unkeyed_retry_flag

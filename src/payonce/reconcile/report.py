@@ -215,6 +215,7 @@ class InputSummary:
     container: str
     rows: int
     malformed_rows: int
+    note: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -224,6 +225,7 @@ class InputSummary:
             "container": self.container,
             "rows": self.rows,
             "malformed_rows": self.malformed_rows,
+            "note": self.note or None,
         }
 
 

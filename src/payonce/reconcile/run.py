@@ -80,6 +80,7 @@ def reconcile(
                 container=item.source.sniffed.container.value,
                 rows=item.rows,
                 malformed_rows=item.malformed,
+                note=item.note,
             )
             for item in loaded
         ),

@@ -104,6 +104,10 @@ def sniff(path: Path) -> Sniffed:
         except ValueError:
             # A "{" line that is not a whole object: a pretty-printed document.
             return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+        envelope = json.loads(first)
+        if isinstance(envelope, dict) and isinstance(envelope.get("data"), list):
+            # {"data": [...]} on one line: an API export, not one record per line.
+            return Sniffed(path, Container.JSON, zipped, _json_keys(envelope["data"]))
         records: list[object] = []
         for line in lines[:_SAMPLE_LINES]:
             try:

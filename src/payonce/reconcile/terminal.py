@@ -159,7 +159,17 @@ def render(console: Console, report: Report, alerts: tuple[Alert, ...], *, limit
             Text(f"{report.malformed_rows:,} malformed rows (first ones):", style="bold yellow")
         )
         for row in report.malformed:
-            console.print(f"  {row.file}:{row.line}: {row.reason}", highlight=False, markup=False)
+            console.print(
+                f"  {row.file}:{row.line}: {row.reason}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+    for source in report.inputs:
+        if source.note:
+            console.print(
+                Text(f"note: {source.file}: {source.note}", style="yellow"), soft_wrap=True
+            )
     for alert in alerts:
         console.print(Text(f"ALERT: {alert.message}", style="bold red"))
 
