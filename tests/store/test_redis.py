@@ -288,3 +288,49 @@ async def test_a_claim_run_twice_after_a_lost_reply_is_still_acquired(
     other = await redis_store.claim("t", "k", "fp", lease=30, ttl=3600)
     assert other.status is ClaimStatus.IN_PROGRESS
     assert other.record.token == "0123456789abcdef"
+
+
+@pytest.mark.parametrize("auto_pipeline", [True, False])
+async def test_bursts_of_mixed_commands_keep_their_own_results(
+    redis_server: RedisServer, auto_pipeline: bool
+) -> None:
+    # With auto-pipelining one turn's commands share a pipeline; each must
+    # still get its own answer, and a lost script (NOSCRIPT) costs nothing.
+    redis_server.flush()
+    store = RedisStore(redis_server.url, ManualClock(), auto_pipeline=auto_pipeline)
+    claims = await asyncio.gather(
+        *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(20))
+    )
+    assert all(c.status is ClaimStatus.ACQUIRED for c in claims)
+    assert command(redis_server.port, "SCRIPT", "FLUSH").startswith("+OK")
+    results = await asyncio.gather(
+        *(
+            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), str(i).encode()))
+            for i, c in enumerate(claims[:10])
+        ),
+        *(store.release("t", f"k{i}", "stale-token") for i in range(10, 20)),
+        *(store.get("t", f"k{i}") for i in range(20)),
+        store.get("t", "absent"),
+    )
+    assert results[:10] == [True] * 10
+    assert results[10:20] == [False] * 10
+    records = results[20:40]
+    assert [r is not None and r.key for r in records] == [f"k{i}" for i in range(20)]
+    assert results[40] is None
+    done = await asyncio.gather(*(store.get("t", f"k{i}") for i in range(10)))
+    assert [r.response.body if r and r.response else None for r in done] == [
+        str(i).encode() for i in range(10)
+    ]
+    await store.close()
+
+
+async def test_a_cancelled_first_command_does_not_strand_the_rest_of_its_batch(
+    redis_store: RedisStore,
+) -> None:
+    claim = await redis_store.claim("t", "k", "fp", lease=30, ttl=60)
+    tasks = [asyncio.create_task(redis_store.get("t", "k")) for _ in range(5)]
+    await asyncio.sleep(0)  # the first leads and yields; the others join its batch
+    tasks[0].cancel()
+    records = await asyncio.wait_for(asyncio.gather(*tasks[1:]), 5)
+    assert all(r is not None and r.token == claim.record.token for r in records)
+    assert tasks[0].cancelled()

@@ -1,7 +1,8 @@
 """``redis://`` and ``redis+cluster://``: records shared by every gateway replica.
 
 Each state change is one Lua script run with ``EVALSHA`` (:mod:`.scripts`), so
-one round trip and atomic; reads are one ``HGETALL`` or one script. Keys of a
+one round trip and atomic; reads are one ``HGETALL`` or one script. Commands
+issued in the same event-loop turn share a pipeline (:mod:`.batch`). Keys of a
 record share a hash tag (:mod:`.keys`), so Redis Cluster works as well as a
 single server. Waiting uses per-record Pub/Sub (:mod:`.notify`).
 
@@ -39,6 +40,7 @@ from payonce.clock import Clock, SystemClock
 from payonce.errors import StoreTimeout, StoreUnavailable
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
 from payonce.store.redis import scripts
+from payonce.store.redis.batch import Batcher
 from payonce.store.redis.keys import RecordKeys, record_keys
 from payonce.store.redis.notify import Notifications
 from payonce.store.redis.url import parse_redis_url
@@ -97,7 +99,8 @@ class RedisStore:
     ``url`` is a ``--store`` URL (:mod:`payonce.store.redis.url`). ``poll_interval``
     bounds how late :meth:`wait` notices a change whose message was lost;
     ``expiry_margin`` is how long Redis keeps a record's keys past its ttl.
-    Nothing connects until the first operation.
+    ``auto_pipeline`` sends the commands of one event-loop turn as one pipeline
+    (:mod:`.batch`). Nothing connects until the first operation.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class RedisStore:
         *,
         poll_interval: float = 1.0,
         expiry_margin: float = 60.0,
+        auto_pipeline: bool = True,
     ) -> None:
         config = parse_redis_url(url)
         self._clock = clock or SystemClock()
@@ -133,6 +137,7 @@ class RedisStore:
             self._client = Redis.from_url(config.url, **options)
             self._publish = b"PUBLISH"
         self._notifications = Notifications(self._client, ready_timeout=poll_interval)
+        self._batch = Batcher(self._client) if auto_pipeline else None
         self._initialized = False
         self._initializing = asyncio.Lock()
 
@@ -157,10 +162,15 @@ class RedisStore:
         if not self._initialized:
             await self._initialize()
         try:
-            try:
-                return await self._client.evalsha(script.sha, 2, *names, *args)
-            except NoScriptError:  # a server that restarted forgot it: EVAL caches it again
-                return await self._client.eval(script.source, 2, *names, *args)
+            if self._batch is None:
+                try:
+                    return await self._client.evalsha(script.sha, 2, *names, *args)
+                except NoScriptError:  # a server that restarted forgot it: EVAL caches it again
+                    return await self._client.eval(script.source, 2, *names, *args)
+            evalsha = ("EVALSHA", script.sha, 2, *names, *args)
+            return await self._batch.execute(
+                *evalsha, noscript=("EVAL", script.source, *evalsha[2:])
+            )
         except _FAILURES as exc:
             raise _translate(exc) from exc
 
@@ -290,9 +300,12 @@ class RedisStore:
             await self._initialize()
         try:
             # bytes -> bytes, as the client does not decode responses
-            fields = cast(
-                "dict[bytes, bytes]", await self._client.hgetall(self.keys(tenant, key).record)
-            )
+            name = self.keys(tenant, key).record
+            if self._batch is None:
+                found = await self._client.hgetall(name)
+            else:
+                found = await self._batch.execute("HGETALL", name)
+            fields = cast("dict[bytes, bytes]", found)
         except _FAILURES as exc:
             raise _translate(exc) from exc
         if not fields or float(fields[b"expires_at"]) <= self._clock.now():
@@ -347,5 +360,7 @@ class RedisStore:
             raise _translate(exc) from exc
 
     async def close(self) -> None:
+        if self._batch is not None:
+            await self._batch.close()
         await self._notifications.close()
         await self._client.aclose()
