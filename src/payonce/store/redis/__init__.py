@@ -6,6 +6,7 @@
     scripts.py  the Lua scripts, one per state change, KEYS[]/ARGV[] documented
     keys.py     the key layout: payonce:{<tenant>:<key>}:r|e|n on one cluster slot
     notify.py   wait() without polling: per-record Pub/Sub
+    batch.py    auto-pipelining: one event-loop turn's commands in one pipeline
     url.py      the --store URL and its options
 
 redis-py takes a tenth of a second to import, so :class:`RedisStore` is
