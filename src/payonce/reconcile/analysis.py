@@ -40,7 +40,7 @@ _SETUP = """
 -- Text attributes travel through the big aggregations as 64-bit hashes: carrying
 -- strings through ten million groups is several times slower. ``dictionary``
 -- maps them back, and would show a collision (never silently merged).
-CREATE MACRO h(x) AS CASE WHEN x IS NULL THEN NULL ELSE hash(x) END;
+CREATE MACRO h(x) AS nullif(hash(x), hash(NULL::VARCHAR));
 CREATE TABLE dictionary AS
 SELECT h, min(s) AS s, count(DISTINCT s) AS names FROM (
     SELECT h(model) AS h, model AS s FROM calls

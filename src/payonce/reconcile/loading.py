@@ -193,7 +193,7 @@ def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
         f" columns = {{{types}}}, store_rejects = true,"
         f" rejects_table = '{rejects}_errors', rejects_scan = '{rejects}_scans',"
         f"{keep_empty}"
-        f" compression = '{'gzip' if sniffed.gzip else 'none'}', max_line_size = {_MAX_LINE},"
+        f" compression = '{'gzip' if sniffed.gzip else 'none'}',"
         f" strict_mode = {str(strict).lower()})"
     )
     values = {name: _quoted(column) for name, column in source.columns.items()}
@@ -264,9 +264,12 @@ def _json_select(source: Source) -> str:
     slot = {column: index + 1 for index, column in enumerate(dict.fromkeys(paths))}
     path_list = ", ".join(sql_string(_json_path(column, sniffed)) for column in slot)
     parsed = (
-        "SELECT __pos, CASE WHEN ltrim(j) LIKE '{%' THEN"
+        # Only the head of a line is looked at (trimming a whole long line copies it);
+        # blank lines are skipped, and DuckDB reads an empty line as NULL.
+        "SELECT __pos, CASE WHEN starts_with(ltrim(left(j, 64)), '{') THEN"
         f" try(json_extract_string(j, [{path_list}])) END AS v"
-        f" FROM ({_json_reader(sniffed)}) WHERE trim(coalesce(j, '')) <> ''"
+        f" FROM ({_json_reader(sniffed)})"
+        " WHERE j IS NOT NULL AND (length(j) > 64 OR trim(j) <> '')"
     )
     values = {name: f"v[{slot[column]}]" for name, column in wanted.items()}
     fields = fields_of(source.side)
@@ -356,20 +359,18 @@ def _normalize(
         else "false"
     )
     status = values.get("status")
+    # 2xx, or a word such as "success"; a call without a status counts as successful.
     success = (
-        f"CASE WHEN nullif(trim({status}), '') IS NULL THEN true"
-        f" WHEN try_cast({status} AS INTEGER) IS NOT NULL"
-        f" THEN try_cast({status} AS INTEGER) BETWEEN 200 AND 299"
-        f" ELSE lower(trim({status})) IN {_SUCCESS_WORDS} END"
+        f"coalesce(try_cast({status} AS INTEGER) BETWEEN 200 AND 299,"
+        f" lower({status}) IN {_SUCCESS_WORDS}, true)"
         if status
         else "true"
     )
     # A call without a business id is its own business request, unless it is a
     # retry known to have been sent without one (then it duplicates another call).
     business = (
-        f"CASE WHEN {key} IS NOT NULL THEN {key}"
-        f" WHEN NOT {retry} THEN '#{source.index}:' || coalesce(__pos::VARCHAR,"
-        " gen_random_uuid()::VARCHAR) END"
+        f"coalesce({key}, CASE WHEN NOT {retry} THEN '#{source.index}:'"
+        " || coalesce(__pos::VARCHAR, gen_random_uuid()::VARCHAR) END)"
     )
     columns += [
         f"{business} AS business_id",
