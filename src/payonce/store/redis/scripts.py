@@ -86,6 +86,11 @@ end
 # lease ran out with the same fingerprint), else {status, field, value, ...}:
 # 'mismatch', 'completed' or 'in_progress' followed by the record (HGETALL).
 # A claim retried after a lost reply finds its own token and is 'acquired'.
+# Why not SET NX PX: a claim must also take over a lapsed lease (same
+# fingerprint only), treat a record past its ttl by the caller's clock as
+# absent, and answer a duplicate with the record it found. With SET NX every
+# duplicate would need a second round trip to read the record, and take-over a
+# third step that is not atomic with the first.
 CLAIM = Script(
     "claim",
     """
