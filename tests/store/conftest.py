@@ -50,7 +50,9 @@ def make_store(
         if backend == "memory":
             return MemoryStore(clock)
         if backend == "sqlite":
-            return SQLiteStore(str(tmp_path / f"store-{next(opened)}.db"), clock, poll_interval=0.02)
+            return SQLiteStore(
+                str(tmp_path / f"store-{next(opened)}.db"), clock, poll_interval=0.02
+            )
         if backend == "redis":
             server: RedisServer = request.getfixturevalue("redis_server")
             server.flush()
