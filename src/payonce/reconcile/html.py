@@ -252,7 +252,8 @@ def render_html(
             _card(
                 "Unmatched spend",
                 _usd(totals.unmatched_cost_usd),
-                f"{totals.unmatched_bill_lines:,} bill lines",
+                f"{totals.unmatched_bill_lines:,} bill"
+                f" line{'' if totals.unmatched_bill_lines == 1 else 's'} no call explains",
             ),
         ]
     )
