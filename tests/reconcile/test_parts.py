@@ -104,6 +104,8 @@ def test_progress_bar_follows_the_poll() -> None:
     out = io.StringIO()
     bar = BarProgress(Console(file=out, force_terminal=True, width=80))
     with bar.track("reading calls.jsonl", poll):
-        time.sleep(0.35)
+        deadline = time.monotonic() + 10
+        while len(polled) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert len(polled) >= 2
     assert "reading calls.jsonl" in out.getvalue()
