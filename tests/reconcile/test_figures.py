@@ -196,3 +196,22 @@ def test_without_timestamps_there_is_no_daily_trend(tmp_path: Path) -> None:
     assert report.daily == ()
     assert report.period_start is None
     assert report.as_json()["period"] == {"start": None, "end": None}
+
+
+def test_a_dotted_path_reads_a_nested_json_field(tmp_path: Path) -> None:
+    records: list[dict[str, object]] = [
+        {"order": "a", "provider_request_id": "p1", "meta": {"team": "search"}},
+        {"order": "a", "provider_request_id": "p2", "meta": {"team": "search"}},
+        {"order": "b", "provider_request_id": "p3", "meta": {"team": "ads"}},
+    ]
+    calls = data.write_jsonl(tmp_path / "calls.jsonl", records)
+    bill = data.write_csv(
+        tmp_path / "bill.csv",
+        ["provider_request_id", "cost_usd"],
+        [["p1", "1"], ["p2", "3"], ["p3", "2"]],
+    )
+    options = ReconcileOptions(calls_map={"business_id": "order", "tag": "meta.team"})
+    by_tag = reconcile([calls], [bill], options).as_json()["by_tag"]
+    assert by_tag["search"]["duplicate_generations"] == 1
+    assert by_tag["search"]["wasted_cost_usd"] == 3.0  # p1 (1.00) was the cheapest
+    assert by_tag["ads"]["total_cost_usd"] == 2.0
