@@ -89,7 +89,7 @@ def cli() -> None:
     envvar=_env("store"),
     default="sqlite:///./payonce.db",
     show_default=True,
-    help="memory:// or sqlite:///path.db",
+    help="memory://, sqlite:///path.db, redis://host:port/db or redis+cluster://host:port",
 )
 @click.option("--host", envvar=_env("host"), default="127.0.0.1", show_default=True)
 @click.option("--port", envvar=_env("port"), type=int, default=8080, show_default=True)
@@ -216,6 +216,13 @@ def cli() -> None:
     help="Rotated call log files to keep (PATH.1 ... PATH.N).",
 )
 @click.option(
+    "--metrics/--no-metrics",
+    envvar=_env("metrics"),
+    default=True,
+    show_default=True,
+    help="Count requests, upstream calls, tokens and cost for /_payonce/metrics.",
+)
+@click.option(
     "--metrics-token",
     envvar=_env("metrics_token"),
     default=None,
@@ -245,6 +252,24 @@ def cli() -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@click.option(
+    "--workers",
+    envvar=_env("workers"),
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes sharing the port and the store (SQLite or Redis; not memory://)."
+    " A supervisor restarts one that dies.",
+)
+@click.option(
+    "--on-store-failure",
+    envvar=_env("on_store_failure"),
+    type=click.Choice(["closed", "open"]),
+    default="closed",
+    show_default=True,
+    help="A keyed request while the store is down: 503 (closed), or forwarded unprotected,"
+    " counted in payonce_unprotected_forwards_total (open).",
+)
 def serve_command(**options: Any) -> None:
     """Run the idempotency gateway in front of an LLM API.
 
@@ -254,7 +279,13 @@ def serve_command(**options: Any) -> None:
     """
     from payonce.gateway.server import run  # imported here: uvicorn is not needed for --help
 
-    run(GatewaySettings(**options))
+    settings = GatewaySettings(**options)
+    if settings.workers > 1:
+        from payonce.gateway.workers import run_workers
+
+        run_workers(settings)
+    else:
+        run(settings)
 
 
 cli.add_command(sim_command, "sim")

@@ -80,10 +80,16 @@ class GatewaySettings:
     call_log: str | None = None  # a file path, or "-" for stdout
     call_log_max_bytes: int = 100 * 1024 * 1024
     call_log_backups: int = 5
+    metrics: bool = True
     metrics_token: str | None = None
     otel: bool = True  # spans through opentelemetry-api, when it is installed
     sim_port: int = 8100
     log_level: str = "info"
+    # Worker processes on one host, sharing the port and the store (README, Configuration).
+    workers: int = 1
+    # A keyed request while the store cannot answer: 503 ("closed") or forwarded
+    # unprotected ("open"): availability over the promise of one run per key.
+    on_store_failure: str = "closed"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -113,6 +119,17 @@ class GatewaySettings:
             r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", self.tenant_header
         ):
             raise ConfigError(f"--tenant-header: {self.tenant_header!r} is not a header name")
+        if not 1 <= self.workers <= 64:
+            raise ConfigError(f"--workers: {self.workers} is not between 1 and 64")
+        if self.workers > 1 and self.store == "memory://":
+            raise ConfigError(
+                "--workers: memory:// lives in one process's memory, so workers could not"
+                " see each other's keys; use sqlite:///path.db or redis://host:port/db"
+            )
+        if self.on_store_failure not in ("closed", "open"):
+            raise ConfigError(
+                f"--on-store-failure: {self.on_store_failure!r} is not closed or open"
+            )
 
 
 SETTING_NAMES = frozenset(field.name for field in fields(GatewaySettings))

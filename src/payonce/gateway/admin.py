@@ -15,7 +15,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
-from payonce.errors import InvalidIdempotencyKey, NotFound, ProblemError, RequestInProgress
+from payonce.errors import (
+    InvalidIdempotencyKey,
+    NotFound,
+    ProblemError,
+    RequestInProgress,
+    StoreUnavailable,
+)
 from payonce.gateway.asgi import Receive, Scope, Send, send_json
 from payonce.gateway.keys import MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
@@ -128,7 +134,7 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
     parts = path.split("/")  # ["", "_payonce", ...]
     if scope["method"] not in ("GET", "HEAD"):
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
-    if parts[2:] == ["metrics"]:
+    if parts[2:] == ["metrics"] and gateway.metrics is not None:
         _check_metrics_token(gateway, scope["headers"])
         body = gateway.metrics.render()
         await send(
@@ -144,7 +150,14 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         await send({"type": "http.response.body", "body": body})
         return
     if parts[2:] == ["health"]:
-        await gateway.store.ping()
+        try:
+            await gateway.store.ping()
+        except StoreUnavailable:
+            if gateway.settings.on_store_failure != "open":
+                raise
+            # Still serving, unprotected: a load balancer must not take every replica out.
+            await send_json(send, 200, {"status": "degraded", "store": "unavailable"})
+            return
         await send_json(send, 200, {"status": "ok", "store": "ok"})
         return
     if len(parts) in (4, 5) and parts[2] == "requests" and parts[3]:

@@ -33,6 +33,7 @@ from payonce.errors import (
     InvalidIdempotencyKey,
     ProblemError,
     RequestInProgress,
+    StoreUnavailable,
 )
 from payonce.gateway import admin
 from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
@@ -46,6 +47,7 @@ from payonce.gateway.observing import (
     outcome_of,
     provider_request_id,
 )
+from payonce.gateway.pending import PendingWrites
 from payonce.gateway.relay import relay_live, relay_stored, send_response
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
@@ -122,8 +124,9 @@ class Gateway:
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
-        self.metrics = Metrics()
-        self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
+        self.metrics = Metrics() if settings.metrics else None
+        if self.metrics is not None:
+            self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
         tracing = open_tracing() if settings.otel else None
         self.observer = Observer(self.metrics, call_log, self.clock, tracing)
         names = [b"idempotency-key", b"x-idempotency-key"]
@@ -138,6 +141,9 @@ class Gateway:
         self.replays = ReplayCache(self.clock, settings.replay_cache)
         self.replay_counts = ReplayCounter()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Completions and releases that failed while the store was down, retried.
+        self.pending = PendingWrites(self.clock)
+        self._unprotected_warned = -math.inf
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -149,7 +155,11 @@ class Gateway:
                 await problem_response(send, exc, scope["path"])
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        record = self.observer.start(scope["method"], scope["path"], self.tenant(headers), headers)
+        # The tenant hash is needed by keyed requests and by the call log and spans.
+        observer = self.observer
+        logged = observer.call_log is not None or observer.tracing is not None
+        tenant = self.tenant(headers) if logged else ""
+        record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)
         try:
             await self._proxy(scope, receive, send, record)
@@ -188,13 +198,43 @@ class Gateway:
         record.model = model_of(body)
         if key is None:
             record.outcome = "passthrough"
-            forward = self._forward_unkeyed(request, send, record)
-            if self.settings.on_disconnect == "continue":
-                await forward
-            else:
-                await self._cancel_on_disconnect(forward, receive)
+            await self._pass_through(request, receive, send, record)
         else:
             await self._keyed(key, request, receive, send, record)
+
+    async def _pass_through(
+        self, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
+    ) -> None:
+        forward = self._forward_unkeyed(request, send, record)
+        if self.settings.on_disconnect == "continue":
+            await forward
+        else:
+            await self._cancel_on_disconnect(forward, receive)
+
+    async def _forward_unprotected(
+        self,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        error: StoreUnavailable,
+    ) -> None:
+        """``--on-store-failure open``: a keyed request forwarded as if it had no key.
+
+        Nothing is claimed or stored, so duplicates of it may each run (and be
+        billed) until the store is back; they are counted and logged as such.
+        """
+        if self.settings.on_store_failure != "open":
+            raise error
+        now = time.monotonic()
+        if now - self._unprotected_warned >= 10.0:  # once per 10 s during an outage
+            self._unprotected_warned = now
+            log.warning("store unavailable, forwarding keyed requests unprotected: %s", error)
+        record.outcome = "passthrough"
+        record.store_bypassed = True
+        if self.metrics is not None:
+            self.metrics.unprotected_forwards.inc()
+        await self._pass_through(request, receive, send, record)
 
     async def _forward_unkeyed(
         self, request: ProxiedRequest, send: Send, record: CallRecord
@@ -273,7 +313,7 @@ class Gateway:
     async def _keyed(
         self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
     ) -> None:
-        tenant = record.tenant
+        tenant = record.tenant = record.tenant or self.tenant(request.headers)
         print_ = fingerprint(
             request.method,
             request.raw_path + ("?" + request.query if request.query else ""),
@@ -306,9 +346,13 @@ class Gateway:
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return
-            claim = await self.store.claim(
-                tenant, key, print_, lease=settings.lease, ttl=settings.ttl
-            )
+            try:
+                claim = await self.store.claim(
+                    tenant, key, print_, lease=settings.lease, ttl=settings.ttl
+                )
+            except StoreUnavailable as exc:
+                await self._forward_unprotected(request, receive, send, record, exc)
+                return
             if claim.status is ClaimStatus.ACQUIRED:
                 record.outcome = "forwarded"
                 execution = self._execute(claim.record, request)
@@ -348,7 +392,11 @@ class Gateway:
                     f"a request with Idempotency-Key {key!r} is still running; retry later",
                     retry_after=max(1.0, min(lease_left, 30.0)),
                 )
-            await self.store.wait(tenant, key, remaining)
+            try:
+                await self.store.wait(tenant, key, remaining)
+            except StoreUnavailable as exc:
+                await self._forward_unprotected(request, receive, send, record, exc)
+                return
 
     async def _answer(
         self,
@@ -400,6 +448,7 @@ class Gateway:
             request,
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
+            pending=self.pending,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:
@@ -419,8 +468,16 @@ class Gateway:
             renew_leases(self.store, self.running, self.settings.lease),
             self._flush_replay_counts(),
             self._purge_expired(min(60.0, self.settings.ttl / 10)),
+            self._retry_pending_writes(),
         ]
         await asyncio.gather(*loops)
+
+    async def _retry_pending_writes(self) -> None:
+        # Every half second while writes wait: one failed attempt ends the round.
+        while True:
+            await asyncio.sleep(0.5)
+            if len(self.pending):
+                await self.pending.retry()
 
     async def _flush_replay_counts(self) -> None:
         # Once a second: replay counts to the store, call log lines to their file.
@@ -450,4 +507,6 @@ class Gateway:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        if len(self.pending):
+            await self.pending.retry()
         await self.replay_counts.flush(self.store)

@@ -11,6 +11,7 @@ progress (:func:`renew_leases`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts, provider_request_id
+from payonce.gateway.pending import PendingWrites
 from payonce.gateway.recording import record_stream, release_quietly
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import ask_for_usage, is_event_stream
@@ -101,11 +103,14 @@ async def run_execution(
     *,
     running: dict[tuple[str, str], Execution],
     inject_stream_usage: bool = True,
+    pending: PendingWrites | None = None,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
-    Returns the stored response, or ``None`` when nothing was stored.
+    Returns the stored response, or ``None`` when nothing was stored. A store
+    write that fails is left to ``pending``, which retries it once the store is back.
     """
+    until = execution.expires_at
     name = (execution.tenant, execution.key)
     facts = execution.facts
     body = request.body
@@ -143,6 +148,8 @@ async def run_execution(
                         on_last_event=lambda: running.pop(name, None),
                         joined=lambda: execution.joined,
                         facts=facts,
+                        pending=pending,
+                        until=until,
                     )
                     facts.latency = time.perf_counter() - started
                     return stored
@@ -152,18 +159,22 @@ async def run_execution(
         facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        stored = await _settle(store, execution, outcome)
+        stored = await _settle(store, execution, outcome, pending)
         execution.head.set_result(outcome)
         return stored
     except asyncio.CancelledError:
         # Cancelled at shutdown: give the key up so a retry can run.
         _abandon(execution, running)
-        await release_quietly(store, execution.tenant, execution.key, execution.token)
+        await release_quietly(
+            store, execution.tenant, execution.key, execution.token, pending, until
+        )
         raise
     except Exception:
         log.exception("the run of key %r failed", execution.key)
         _abandon(execution, running)
-        await release_quietly(store, execution.tenant, execution.key, execution.token)
+        await release_quietly(
+            store, execution.tenant, execution.key, execution.token, pending, until
+        )
         return None
 
 
@@ -178,28 +189,36 @@ def _abandon(execution: Execution, running: dict[tuple[str, str], Execution]) ->
         execution.head.set_result(ProblemError("the gateway failed unexpectedly; see its log"))
 
 
-async def _settle(store: Store, execution: Execution, outcome: Outcome) -> StoredResponse | None:
+async def _settle(
+    store: Store, execution: Execution, outcome: Outcome, pending: PendingWrites | None
+) -> StoredResponse | None:
+    tenant, key, token = execution.tenant, execution.key, execution.token
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
-        await release_quietly(store, execution.tenant, execution.key, execution.token)
+        await release_quietly(store, tenant, key, token, pending, execution.expires_at)
         return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
     facts = execution.facts
     facts.model, facts.usage = model_and_usage(outcome.body, outcome.headers)
     facts.cost_usd = cost_of(facts.model, facts.usage)
+    complete = functools.partial(
+        store.complete,
+        tenant,
+        key,
+        token,
+        response,
+        usage=facts.usage,
+        cost_usd=facts.cost_usd,
+        replays=execution.joined,
+    )
     try:
-        stored = await store.complete(
-            execution.tenant,
-            execution.key,
-            execution.token,
-            response,
-            usage=facts.usage,
-            cost_usd=facts.cost_usd,
-            replays=execution.joined,
-        )
+        stored = await complete()
     except StoreUnavailable as exc:
-        # The client still gets its answer; the record's lease will lapse and a
-        # later retry runs again. Nothing better is possible without a store.
-        log.error("could not store the result of key %r: %s", execution.key, exc)
+        # The client still gets its answer. The write is retried once the store
+        # is back (gateway/pending.py); if that is too late, the lease lapses and
+        # a later retry runs again.
+        log.error("could not store the result of key %r (retried later): %s", key, exc)
+        if pending is not None:
+            pending.add("complete", key, complete, execution.expires_at)
         return None
     if not stored:
         log.warning(

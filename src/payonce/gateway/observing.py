@@ -83,7 +83,7 @@ class Observer:
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: Metrics | None,
         call_log: CallLog | None,
         clock: Clock,
         tracing: Tracing | None = None,
@@ -107,7 +107,8 @@ class Observer:
             if name == b"x-stainless-retry-count":
                 with contextlib.suppress(ValueError):
                     record.client_retry = int(value)
-        self.metrics.in_flight.inc()
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
         return record
 
     @staticmethod
@@ -139,6 +140,8 @@ class Observer:
         if saved:
             record.saved_usd = facts.cost_usd
             record.cost_usd = 0.0
+            if self.metrics is None:
+                return
             if facts.usage:
                 self.metrics.tokens.labels("saved", "input").inc(facts.usage.get("input_tokens", 0))
                 self.metrics.tokens.labels("saved", "output").inc(
@@ -156,20 +159,28 @@ class Observer:
         if self.tracing is not None:
             self.tracing.upstream(facts, path, facts.started)
         metrics = self.metrics
-        metrics.upstream_calls.labels(str(facts.status) if facts.status else "error").inc()
+        if metrics is None:
+            return
+        metrics.upstream_call(facts.status)
         if facts.latency is not None:
             metrics.upstream_latency.observe(facts.latency)
         if facts.usage:
-            metrics.tokens.labels("spent", "input").inc(facts.usage.get("input_tokens", 0))
-            metrics.tokens.labels("spent", "output").inc(facts.usage.get("output_tokens", 0))
+            metrics.spent_input.inc(facts.usage.get("input_tokens", 0))
+            metrics.spent_output.inc(facts.usage.get("output_tokens", 0))
         if facts.cost_usd is not None:
-            metrics.cost.labels(facts.model or "unknown").inc(facts.cost_usd)
+            metrics.cost_of(facts.model).inc(facts.cost_usd)
         elif facts.status is not None and facts.status < 300:
             metrics.unknown_cost.inc()
 
     def finish(self, record: CallRecord) -> None:
         finished = time.perf_counter()
+        if self.call_log is not None:
+            self.call_log.write(record.line(finished, self.clock.now()))
+        if self.tracing is not None:
+            self.tracing.request(record, finished)
         metrics = self.metrics
+        if metrics is None:
+            return
         metrics.in_flight.dec()
         metrics.request(record.outcome, record.status)
         if record.outcome in ("replayed", "joined"):
@@ -180,7 +191,3 @@ class Observer:
             metrics.store_errors.inc()
         if record.upstream_latency is not None and record.outcome in ("forwarded", "passthrough"):
             metrics.overhead.observe(max(0.0, finished - record.started - record.upstream_latency))
-        if self.call_log is not None:
-            self.call_log.write(record.line(finished, self.clock.now()))
-        if self.tracing is not None:
-            self.tracing.request(record, finished)

@@ -15,12 +15,15 @@ still relayed to the end but not completed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 from collections.abc import Callable
 
 from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
+from payonce.gateway.pending import PendingWrites
 from payonce.gateway.sse import EventSplitter, StreamUsage
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
@@ -34,11 +37,21 @@ FLUSH_EVENTS = 64
 FLUSH_SECONDS = 0.05
 
 
-async def release_quietly(store: Store, tenant: str, key: str, token: str) -> None:
+async def release_quietly(
+    store: Store,
+    tenant: str,
+    key: str,
+    token: str,
+    pending: PendingWrites | None = None,
+    until: float = math.inf,
+) -> None:
+    """Release the key; if the store is down, leave the release to ``pending`` (retried)."""
     try:
         await store.release(tenant, key, token)
     except StoreUnavailable as exc:
-        log.error("could not release key %r (its lease will lapse): %s", key, exc)
+        log.error("could not release key %r (retried when the store is back): %s", key, exc)
+        if pending is not None:
+            pending.add("release", key, functools.partial(store.release, tenant, key, token), until)
 
 
 class _Recorder:
@@ -106,6 +119,8 @@ async def record_stream(
     on_last_event: Callable[[], object],
     joined: Callable[[], int],
     facts: UpstreamFacts,
+    pending: PendingWrites | None = None,
+    until: float = math.inf,
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record."""
     recorder = _Recorder(store, tenant, key, token, live)
@@ -128,7 +143,7 @@ async def record_stream(
         log.warning("the upstream stream of key %r broke off: %s", key, exc.detail)
         on_last_event()
         live.finish(failed=True)
-        await release_quietly(store, tenant, key, token)
+        await release_quietly(store, tenant, key, token, pending, until)
         return None
     await recorder.flush()
     on_last_event()
@@ -136,7 +151,7 @@ async def record_stream(
     facts.cost_usd = cost_of(usage.model, usage.usage)
     try:
         if not recorder.ok:
-            await release_quietly(store, tenant, key, token)
+            await release_quietly(store, tenant, key, token, pending, until)
             return None
         stored = StoredResponse(response.status, response.headers, b"", stream=True)
         completed = await store.complete(
@@ -149,7 +164,19 @@ async def record_stream(
             replays=joined(),
         )
     except StoreUnavailable as exc:
-        log.error("could not complete the stream of key %r: %s", key, exc)
+        log.error("could not complete the stream of key %r (retried later): %s", key, exc)
+        if pending is not None:
+            late = functools.partial(
+                store.complete,
+                tenant,
+                key,
+                token,
+                stored,
+                usage=facts.usage,
+                cost_usd=facts.cost_usd,
+                replays=joined(),
+            )
+            pending.add("complete", key, late, until)
         return None
     finally:
         live.finish()

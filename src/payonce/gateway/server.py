@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 
@@ -82,8 +83,15 @@ async def embedded_sim(port: int) -> AsyncIterator[str]:
             process.kill()
 
 
-async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
-    """Serve until SIGINT/SIGTERM, then let keyed upstream calls finish (up to one lease)."""
+async def serve(
+    settings: GatewaySettings,
+    clock: Clock | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM, then let keyed upstream calls finish (up to one lease).
+
+    ``sockets``: listen there instead of ``host:port`` (a worker of ``--workers``).
+    """
     if settings.upstream != "sim":
         parse_upstream_url(settings.upstream)
     store = open_store(settings.store, clock)
@@ -139,7 +147,7 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
                 settings.store,
             )
             try:
-                await server.serve()
+                await server.serve(sockets=sockets)
             finally:
                 housekeeping.cancel()
                 await gateway.drain(grace=settings.lease)
@@ -147,8 +155,12 @@ async def serve(settings: GatewaySettings, clock: Clock | None = None) -> None:
         await store.close()
 
 
-def run(settings: GatewaySettings, clock: Clock | None = None) -> None:
-    """Blocking entry point used by ``payonce serve``."""
+def run(
+    settings: GatewaySettings,
+    clock: Clock | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Blocking entry point used by ``payonce serve`` (and by each of its ``--workers``)."""
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -156,7 +168,7 @@ def run(settings: GatewaySettings, clock: Clock | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
-        asyncio.run(serve(settings, clock))
+        asyncio.run(serve(settings, clock, sockets))
     else:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(settings, clock))
+            runner.run(serve(settings, clock, sockets))

@@ -22,6 +22,18 @@ __all__ = ["SCHEMA_VERSION", "CallLog", "CallRecord"]
 SCHEMA_VERSION = 1
 
 
+_second: list[object] = [None, ""]  # the last whole second formatted, and its text
+
+
+def _timestamp(now: float) -> str:
+    """ISO 8601 UTC with milliseconds; the date part is formatted once a second."""
+    second = int(now)
+    if _second[0] != second:
+        _second[0] = second
+        _second[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_second[1]}.{int((now - second) * 1000):03d}Z"
+
+
 @dataclass(slots=True)
 class CallRecord:
     """What the gateway learns about one request while answering it."""
@@ -45,6 +57,8 @@ class CallRecord:
     saved_usd: float | None = None
     upstream_latency: float | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # A keyed request forwarded unprotected: the store was down (--on-store-failure open).
+    store_bypassed: bool = False
 
     @property
     def unprotected_retry(self) -> bool:
@@ -54,7 +68,7 @@ class CallRecord:
         usage = self.usage or {}
         document = {
             "v": SCHEMA_VERSION,
-            "ts": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+            "ts": _timestamp(now),
             "request_id": self.request_id,
             "key": self.key,
             "tenant": self.tenant,
@@ -69,6 +83,7 @@ class CallRecord:
             "upstream_attempts": self.upstream_attempts,
             "client_retry": self.client_retry,
             "unprotected_retry": self.unprotected_retry,
+            "store_bypassed": self.store_bypassed,
             "input_tokens": usage.get("input_tokens"),
             "output_tokens": usage.get("output_tokens"),
             "cached_input_tokens": usage.get("cached_input_tokens"),

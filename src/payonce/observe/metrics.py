@@ -11,6 +11,8 @@ from ``payonce_requests_total{outcome}``. Cost per successful call:
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -116,6 +118,33 @@ class Metrics:
             "Keyed upstream runs in progress in this process.",
             registry=registry,
         )
+        self.unprotected_forwards = Counter(
+            "payonce_unprotected_forwards",
+            "Keyed requests forwarded without protection (nothing claimed or stored) because"
+            " the store could not answer (--on-store-failure open).",
+            registry=registry,
+        )
+
+        # Children bound once: .labels() is a lock and a dict lookup per call.
+        self.spent_input = self.tokens.labels("spent", "input")
+        self.spent_output = self.tokens.labels("spent", "output")
+        self._costs: dict[str | None, Any] = {}
+        self._upstream_statuses: dict[int | None, Any] = {}
+
+    def cost_of(self, model: str | None) -> Any:
+        """The cost counter of ``model`` (children cached: a handful of models)."""
+        child = self._costs.get(model)
+        if child is None:
+            child = self._costs[model] = self.cost.labels(model or "unknown")
+        return child
+
+    def upstream_call(self, status: int | None) -> None:
+        child = self._upstream_statuses.get(status)
+        if child is None:
+            child = self._upstream_statuses[status] = self.upstream_calls.labels(
+                str(status) if status else "error"
+            )
+        child.inc()
 
     def request(self, outcome: str, status: int) -> None:
         self._requests[(outcome, f"{min(max(status // 100, 1), 5)}xx")].inc()

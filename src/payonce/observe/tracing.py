@@ -87,9 +87,16 @@ class Tracing:
 
 
 def open_tracing() -> Tracing | None:
-    """A :class:`Tracing` when ``opentelemetry-api`` can be imported, else ``None``."""
+    """A :class:`Tracing` when ``opentelemetry-api`` is importable and a tracer provider is set.
+
+    Without a provider (no SDK configured before the gateway starts, e.g. by
+    ``opentelemetry-instrument``) every span would be a no-op that still costs
+    its attributes on each request, so tracing stays off.
+    """
     try:
         from opentelemetry import trace
     except ImportError:
+        return None
+    if type(trace.get_tracer_provider()).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
         return None
     return Tracing(trace)

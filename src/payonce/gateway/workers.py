@@ -1,0 +1,291 @@
+"""``payonce serve --workers N``: N gateway processes on one port and one store, supervised.
+
+::
+
+    supervisor ─ binds host:port once; starts the simulator once (--upstream sim)
+    ├── worker 1 ─ uvicorn + Gateway ─┐
+    ├── worker 2 ─ uvicorn + Gateway ─┼─ accept from the one listening socket;
+    └── worker N ─ ...               ─┘  share records through SQLite or Redis
+
+The supervisor binds the socket, then forks the workers, so each inherits it and
+serves it with its own event loop (``uvicorn.Server.serve(sockets=...)``); the
+kernel gives each new connection to one of the workers waiting in ``accept``.
+Duplicates that land on different workers meet in the store, exactly as they do
+on different hosts: the one that claims the key runs it, the others wait for its
+record (woken by Pub/Sub on Redis, by polling on SQLite) and replay it.
+
+The supervisor:
+
+* restarts a worker that exits on its own (a crash, the OOM killer). A worker
+  that fails its start-up on bad configuration (exit code 2) stops all of them
+  with exit code 2; five deaths in a row, each within two seconds of a start,
+  stop all of them with exit code 1;
+* forwards SIGTERM and SIGINT to every worker, which then drain their keyed
+  upstream calls (up to one lease) as a single gateway does; a second signal, or
+  a drain past ``lease + 10 s``, kills them;
+* exits when every worker has exited.
+
+A worker whose supervisor was killed notices within a second and stops
+gracefully, so no orphan keeps the port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from payonce.config import GatewaySettings
+from payonce.errors import ConfigError, PayonceError
+from payonce.gateway import server
+from payonce.gateway.upstream import parse_upstream_url
+from payonce.store import open_store, validate_store_url
+
+__all__ = ["run_workers"]
+
+log = logging.getLogger("payonce.gateway")
+
+_WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_QUICK_DEATH = 2.0  # seconds: a worker that dies sooner probably cannot start at all
+_MAX_QUICK_DEATHS = 5
+_DRAIN_MARGIN = 10.0  # past the lease: uvicorn's own graceful shutdown (5 s) and slack
+
+
+@dataclass(slots=True)
+class _Worker:
+    number: int
+    pid: int
+    started: float
+
+
+def run_workers(settings: GatewaySettings) -> None:
+    """Run ``settings.workers`` gateway processes until SIGTERM/SIGINT; blocking."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
+    _check_store(settings.store)
+    if settings.upstream != "sim":
+        parse_upstream_url(settings.upstream)
+    listener = _listen(settings.host, settings.port)
+    simulator: subprocess.Popen[bytes] | None = None
+    try:
+        settings = replace(settings, port=listener.getsockname()[1])
+        if settings.upstream == "sim":
+            simulator, url = _start_simulator(settings.sim_port)
+            settings = replace(settings, upstream=url)
+        code = _Supervisor(settings, listener).run()
+    finally:
+        listener.close()
+        if simulator is not None:
+            _stop_simulator(simulator)
+    if code == 2:
+        raise ConfigError("--workers: a worker could not start (its error is logged above)")
+    if code:
+        raise PayonceError("--workers: workers kept dying at start-up (see the log above)")
+
+
+def _check_store(url: str) -> None:
+    """Fail in the supervisor, with one line, on a store no worker could open."""
+    validate_store_url(url)
+    if url.startswith("sqlite:///"):
+        # Creates the file and its tables once, before the workers race to.
+        asyncio.run(open_store(url).close())
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"--host: cannot listen on {host!r}: {exc}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"--port: cannot listen on {host}:{port}: {exc.strerror}") from None
+    return listener
+
+
+def _start_simulator(port: int) -> tuple[subprocess.Popen[bytes], str]:
+    """One ``payonce sim`` for every worker (``--upstream sim``)."""
+    command = [sys.executable, "-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port)]
+    process = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(
+                f"--upstream sim: the simulator exited with {process.returncode}"
+                f" (is port {port} free? choose another with --sim-port)"
+            )
+        if _answers(port, "/_sim/health"):
+            log.info("simulated LLM upstream on %s (billing ledger: %s/_sim/ledger)", url, url)
+            return process, url
+        time.sleep(0.05)
+    _stop_simulator(process)
+    raise ConfigError(f"--upstream sim: the simulator did not start on port {port}")
+
+
+def _answers(port: int, path: str) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _stop_simulator(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class _Supervisor:
+    """Forks the workers, restarts the ones that die, stops them all on a signal."""
+
+    def __init__(self, settings: GatewaySettings, listener: socket.socket) -> None:
+        self.settings = settings
+        self.listener = listener
+        self.workers: dict[int, _Worker] = {}
+        self.stopping = False
+        self.deadline = 0.0
+        self.exit_code = 0
+        self.quick_deaths = 0
+
+    def run(self) -> int:
+        # Signals are taken synchronously (sigtimedwait), never by a handler that
+        # could interrupt a fork or a waitpid half-way.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+        try:
+            for number in range(1, self.settings.workers + 1):
+                self._spawn(number)
+            log.info(
+                "payonce gateway on http://%s:%d -> %s (store %s), %d workers",
+                self.settings.host,
+                self.settings.port,
+                self.settings.upstream,
+                self.settings.store,
+                self.settings.workers,
+            )
+            while self.workers:
+                received = signal.sigtimedwait(_WATCHED, 1.0)
+                if received is not None and received.si_signo != signal.SIGCHLD:
+                    self._stop(force=self.stopping)
+                self._reap()
+                if self.stopping and time.monotonic() > self.deadline:
+                    log.warning("workers still draining after %.0fs: killing them", self.grace)
+                    self._stop(force=True)
+            return self.exit_code
+        finally:
+            for worker in self.workers.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED)
+
+    @property
+    def grace(self) -> float:
+        return self.settings.lease + _DRAIN_MARGIN
+
+    def _spawn(self, number: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os._exit(_worker_main(self.settings, self.listener, number))
+        self.workers[pid] = _Worker(number, pid, time.monotonic())
+        log.debug("worker %d started (pid %d)", number, pid)
+
+    def _stop(self, *, force: bool) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.deadline = time.monotonic() + self.grace
+        sig = signal.SIGKILL if force else signal.SIGTERM
+        for worker in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, sig)
+
+    def _reap(self) -> None:
+        for pid in list(self.workers):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done == 0:
+                continue
+            worker = self.workers.pop(pid)
+            if not self.stopping:
+                self._replace(worker, os.waitstatus_to_exitcode(status))
+
+    def _replace(self, worker: _Worker, code: int) -> None:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        if code == 2:
+            log.error("worker %d (pid %d) %s: stopping", worker.number, worker.pid, how)
+            self.exit_code = 2
+            self._stop(force=False)
+            return
+        if time.monotonic() - worker.started < _QUICK_DEATH:
+            self.quick_deaths += 1
+        else:
+            self.quick_deaths = 0
+        if self.quick_deaths >= _MAX_QUICK_DEATHS:
+            log.error("worker %d (pid %d) %s, again: stopping", worker.number, worker.pid, how)
+            self.exit_code = 1
+            self._stop(force=False)
+            return
+        log.warning("worker %d (pid %d) %s: restarting it", worker.number, worker.pid, how)
+        time.sleep(0.2 * self.quick_deaths)  # back off while workers die at start-up
+        self._spawn(worker.number)
+
+
+def _worker_main(settings: GatewaySettings, listener: socket.socket, number: int) -> int:
+    """A forked worker: serve the inherited socket until told to stop; the exit code."""
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        supervisor = os.getppid()
+        watch = threading.Thread(
+            target=_stop_when_orphaned, args=(supervisor,), name="payonce-supervisor", daemon=True
+        )
+        watch.start()
+        log.debug("worker %d serving", number)
+        server.run(settings, sockets=[listener])
+        return 0
+    except ConfigError as exc:
+        print(f"payonce: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 0
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start
+        return exc.code if isinstance(exc.code, int) else 1
+    except Exception:  # the process ends here: say why, whatever it was
+        log.exception("worker %d failed", number)
+        return 1
+
+
+def _stop_when_orphaned(supervisor: int) -> None:
+    while os.getppid() == supervisor:
+        time.sleep(1.0)
+    log.warning("the supervisor (pid %d) is gone: stopping", supervisor)
+    os.kill(os.getpid(), signal.SIGTERM)
