@@ -163,6 +163,15 @@ def cli() -> None:
     " Keyed calls always continue, for the retry.",
 )
 @click.option(
+    "--on-stream-disconnect",
+    envvar=_env("on_stream_disconnect"),
+    type=click.Choice(["finish", "cancel"]),
+    default="finish",
+    show_default=True,
+    help="A keyed stream whose every client left: finish it (pay for the rest; the retry"
+    " gets it free) or cancel it upstream (stop paying; a retry runs it again).",
+)
+@click.option(
     "--inject-stream-usage/--no-inject-stream-usage",
     envvar=_env("inject_stream_usage"),
     default=True,

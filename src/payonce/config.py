@@ -72,6 +72,8 @@ class GatewaySettings:
     max_body: int = 10 * 1024 * 1024
     replay_cache: int = 64 * 1024 * 1024
     on_disconnect: str = "cancel"
+    # A keyed stream every client left: read it to the end for the retry, or stop paying.
+    on_stream_disconnect: str = "finish"
     # Ask OpenAI-style streams for their usage chunk (and strip it) so cost is known.
     inject_stream_usage: bool = True
     connect_timeout: float = 5.0
@@ -98,6 +100,10 @@ class GatewaySettings:
             raise ConfigError(f"--sim-port: {self.sim_port} is not a TCP port (1-65535)")
         if self.on_disconnect not in ("cancel", "continue"):
             raise ConfigError(f"--on-disconnect: {self.on_disconnect!r} is not cancel or continue")
+        if self.on_stream_disconnect not in ("finish", "cancel"):
+            raise ConfigError(
+                f"--on-stream-disconnect: {self.on_stream_disconnect!r} is not finish or cancel"
+            )
         if self.lease < 1:
             raise ConfigError("--lease: must be at least 1s (it is renewed every third of it)")
         if self.ttl < self.lease:

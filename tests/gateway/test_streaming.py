@@ -256,3 +256,26 @@ def test_a_keyed_stream_is_read_to_the_end_when_its_client_leaves(
             pass
     wait_completed(gateway, key)
     assert fresh_sim.ledger()["entries"][0]["client_connected"] is True
+
+
+def test_on_stream_disconnect_cancel_stops_a_keyed_stream_nobody_reads(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
+    gateway = start_gateway("--on-stream-disconnect", "cancel")
+    key = f"cancel-{uuid.uuid4()}"
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/chat/completions",
+        json=STREAM_BODY,
+        headers={**AUTH, **SLOW, "Idempotency-Key": key},
+        timeout=30,
+    ) as response:
+        for _, _chunk in zip(range(2), response.iter_raw(), strict=False):
+            pass
+    deadline = time.monotonic() + 15
+    while fresh_sim.billed() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The provider still finishes (and bills) what it started, but nobody was reading,
+    # and the key was released: a retry runs again instead of waiting for the rest.
+    assert fresh_sim.ledger()["entries"][0]["client_connected"] is False
+    assert httpx.get(f"{gateway.url}/_payonce/requests/{key}", headers=AUTH).status_code == 404

@@ -342,7 +342,7 @@ class Gateway:
                 head = await self._join(local, deadline)
                 record.outcome = "joined"
                 try:
-                    await self._answer(send, receive, head, _JOINED, after)
+                    await self._answer(send, receive, head, _JOINED, after, local)
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return
@@ -358,7 +358,9 @@ class Gateway:
                 execution = self._execute(claim.record, request)
                 try:
                     head = await asyncio.shield(execution.head)
-                    await self._answer(send, receive, head, _NOT_REPLAYED, after, execution.facts)
+                    await self._answer(
+                        send, receive, head, _NOT_REPLAYED, after, execution, execution.facts
+                    )
                 finally:
                     self.observer.apply(record, execution.facts, saved=False)
                 return
@@ -405,12 +407,24 @@ class Gateway:
         head: Head,
         marker: tuple[bytes, bytes],
         after: int,
+        execution: Execution,
         facts: UpstreamFacts | None = None,
     ) -> None:
         if isinstance(head, ProblemError):
             raise head
         if isinstance(head, LiveStream):
-            await relay_live(send, receive, head, marker, after)
+            left = await relay_live(send, receive, head, marker, after)
+            if (
+                left
+                and self.settings.on_stream_disconnect == "cancel"
+                and head.followers == 0
+                and not head.finished
+                and execution.task is not None
+            ):
+                # Nobody is reading and the operator prefers not paying for the
+                # rest: stop it upstream and release the key (a retry runs again).
+                log.info("every client of stream %r left: cancelling it", execution.key)
+                execution.task.cancel()
         elif facts is not None and facts.cost_usd is not None:
             await send_response(
                 send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 __all__ = ["Backlog", "LiveStream"]
 
@@ -38,6 +38,11 @@ class LiveStream:
         self._changed = asyncio.Event()
         self._positions: dict[int, int] = {}
         self._ids = itertools.count()
+
+    @property
+    def followers(self) -> int:
+        """Clients relaying this stream right now."""
+        return len(self._positions)
 
     @property
     def total(self) -> int:
@@ -67,7 +72,7 @@ class LiveStream:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def follow(self, after: int = 0) -> AsyncIterator[list[bytes]]:
+    async def follow(self, after: int = 0) -> AsyncGenerator[list[bytes]]:
         """Batches of events numbered above ``after``, until the stream ends.
 
         Raises :class:`ConnectionError` after the last batch if the upstream died.

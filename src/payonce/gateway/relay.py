@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from payonce.gateway.asgi import Receive, Send
@@ -67,19 +67,23 @@ async def _start_stream(
 
 
 async def _pump(
-    send: Send, batches: AsyncIterator[list[bytes]], after: int, gone: Callable[[], bool]
+    send: Send, batches: AsyncGenerator[list[bytes]], after: int, gone: Callable[[], bool]
 ) -> bool:
     """Send numbered batches; False when the client left or the source broke off."""
     number = after
     try:
-        async for batch in batches:
-            parts = []
-            for event in batch:
-                number += 1
-                parts.append(numbered(event, number))
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-            if gone():
-                return False
+        # aclosing: a client that leaves must stop following at once (LiveStream
+        # counts its followers in the generator's finally).
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                parts = []
+                for event in batch:
+                    number += 1
+                    parts.append(numbered(event, number))
+                body = b"".join(parts)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                if gone():
+                    return False
     except ConnectionError:
         # The upstream died mid-stream: end without the final chunk, so the
         # client sees a broken stream rather than a short, clean one.
@@ -89,12 +93,16 @@ async def _pump(
 
 async def relay_live(
     send: Send, receive: Receive, live: LiveStream, marker: tuple[bytes, bytes], after: int
-) -> None:
-    """Relay a stream running in this process: what it has so far, then what comes."""
+) -> bool:
+    """Relay a stream running in this process: what it has so far, then what comes.
+
+    Returns True when the client left before the end.
+    """
     await _start_stream(send, live.status, live.headers, marker)
     with watch_disconnect(receive) as gone:
         if await _pump(send, live.follow(after), after, gone):
             await send({"type": "http.response.body", "body": b""})
+        return bool(gone())
 
 
 async def relay_stored(
@@ -116,7 +124,7 @@ async def relay_stored(
 
 async def _stored_batches(
     store: Store, record: Record, after: int, poll: float
-) -> AsyncIterator[list[bytes]]:
+) -> AsyncGenerator[list[bytes]]:
     position = after
     tenant, key = record.tenant, record.key
     current: Record | None = record
