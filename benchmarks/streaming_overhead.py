@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.sched_setaffinity(0, {0})
         with (
             process(sim_cmd, sim_url, 0 if pin else None, tmpdir / "sim.log"),
-            process(gw_cmd, gw_url, 1 if pin else None, tmpdir / "gw.log") as gateway,
+            process(gw_cmd, gw_url, 1 if pin else None, tmpdir / "gw.log"),
         ):
             print(f"# streaming overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
             print(
@@ -231,13 +231,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 p = asyncio.run(concurrent_total(gw_url, True, streams, options.events, 0))
                 print(f"| {streams} concurrent | {d:.2f} s | {p:.2f} s | {p / d:.2f}x |")
 
-            peak, hwm, wall = asyncio.run(memory_run(gw_url, gateway.pid, options))
+        # A fresh gateway, so its high-water mark is this run's alone.
+        mem_port = free_port()
+        mem_url = f"http://127.0.0.1:{mem_port}"
+        mem_cmd = [*payonce, "serve", "--upstream", sim_url, "--store",
+                   f"sqlite:///{tmpdir}/memory.db", "--port", str(mem_port),
+                   "--log-level", "warning"]  # fmt: skip
+        with (
+            process(sim_cmd, sim_url, 0 if pin else None, tmpdir / "sim2.log"),
+            process(mem_cmd, mem_url, 1 if pin else None, tmpdir / "gw2.log") as fresh,
+        ):
+            idle = rss_kib(fresh.pid)
+            peak, hwm, wall = asyncio.run(memory_run(mem_url, fresh.pid, options))
             verdict = "PASS" if hwm < 150 * 1024 else "MISS"
             print(
                 f"\ngateway memory, {options.concurrency} concurrent streams of"
                 f" {options.events} events at {options.memory_token_ms} ms/token ({wall:.1f} s):"
-                f" peak RSS sampled {peak / 1024:.0f} MiB, VmHWM {hwm / 1024:.0f} MiB"
-                f" (target < 150 MiB: {verdict})"
+                f" idle {idle / 1024:.0f} MiB, peak RSS sampled {peak / 1024:.0f} MiB,"
+                f" VmHWM {hwm / 1024:.0f} MiB (target < 150 MiB: {verdict})"
             )
     return 0
 

@@ -28,7 +28,7 @@ async def test_followers_early_and_late_get_the_same_events_while_memory_is_trim
         await asyncio.sleep(0)
         if number % 10 == 0:
             live.trim(len(recorded))
-    assert live.base > 0, "events every follower passed have left memory"
+    assert live.base > 0, "recorded events have left memory"
     late = asyncio.create_task(collect(live))
     resumed = asyncio.create_task(collect(live, after=40))
     await asyncio.sleep(0)

@@ -4,10 +4,10 @@ The run that reads the upstream appends each event here as it arrives; every
 client of the key (the first one and any duplicate, early or late) reads from
 its own position and then waits for more.
 
-Memory holds only a window: once events are recorded in the store and every
-follower has passed them, :meth:`trim` lets them go. A follower that is (or
-joins) behind the window reads the missing events back from the store, so two
-hundred streams of a thousand events do not all sit in memory at once.
+Memory holds only a window: once events are recorded in the store,
+:meth:`trim` lets them go. A follower that is (or joins) behind the window
+reads the missing events back from the store, so two hundred streams of a
+thousand events do not all sit in memory at once, however slow their readers.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 __all__ = ["Backlog", "LiveStream"]
+
+# A follower sends at most this many events at once: a slow reader catching up
+# must not build one huge response chunk.
+MAX_BATCH = 256
 
 # Reads recorded events numbered above the first argument and up to the second.
 Backlog = Callable[[int, int], Awaitable[list[bytes]]]
@@ -59,13 +63,15 @@ class LiveStream:
         self._wake()
 
     def trim(self, recorded: int) -> None:
-        """Forget events numbered up to ``recorded`` (stored) that no follower still needs."""
-        if self._backlog is None:
-            return
-        upto = min([recorded, *self._positions.values()])
-        if upto > self.base:
-            del self.events[: upto - self.base]
-            self.base = upto
+        """Forget events numbered up to ``recorded``: the store has them now.
+
+        A follower still behind them (a slow reader, a late joiner) reads them
+        back from the store, so memory stays bounded by what is not yet recorded
+        rather than by the slowest client.
+        """
+        if self._backlog is not None and recorded > self.base:
+            del self.events[: recorded - self.base]
+            self.base = recorded
 
     def _wake(self) -> None:
         # One event object per generation of waiters: set it, then start a new one.
@@ -84,11 +90,12 @@ class LiveStream:
             while True:
                 if position < self.base:
                     assert self._backlog is not None
-                    batch = await self._backlog(position, self.base)
+                    batch = await self._backlog(position, min(self.base, position + MAX_BATCH))
                     if not batch:
                         raise ConnectionError("recorded events are missing from the store")
                 elif position < self.total:
-                    batch = self.events[position - self.base :]
+                    start = position - self.base
+                    batch = self.events[start : start + MAX_BATCH]
                 elif self.finished:
                     if self.failed:
                         raise ConnectionError("the upstream stream ended before completing")
