@@ -108,7 +108,7 @@ class Observer:
                 with contextlib.suppress(ValueError):
                     record.client_retry = int(value)
         if self.metrics is not None:
-            self.metrics.in_flight.inc()
+            self.metrics.in_flight_now += 1
         return record
 
     @staticmethod
@@ -142,13 +142,12 @@ class Observer:
             record.cost_usd = 0.0
             if self.metrics is None:
                 return
+            add = self.metrics.deferred.add
             if facts.usage:
-                self.metrics.tokens.labels("saved", "input").inc(facts.usage.get("input_tokens", 0))
-                self.metrics.tokens.labels("saved", "output").inc(
-                    facts.usage.get("output_tokens", 0)
-                )
+                add(self.metrics.saved_input, facts.usage.get("input_tokens", 0))
+                add(self.metrics.saved_output, facts.usage.get("output_tokens", 0))
             if facts.cost_usd:
-                self.metrics.saved_cost.labels(facts.model or "unknown").inc(facts.cost_usd)
+                add(self.metrics.saved_cost_of(facts.model), facts.cost_usd)
         else:
             record.cost_usd = facts.cost_usd
             record.upstream_attempts = facts.attempts
@@ -161,16 +160,17 @@ class Observer:
         metrics = self.metrics
         if metrics is None:
             return
+        add = metrics.deferred.add
         metrics.upstream_call(facts.status)
         if facts.latency is not None:
-            metrics.upstream_latency.observe(facts.latency)
+            metrics.upstream_latency_buckets.observe(facts.latency)
         if facts.usage:
-            metrics.spent_input.inc(facts.usage.get("input_tokens", 0))
-            metrics.spent_output.inc(facts.usage.get("output_tokens", 0))
+            add(metrics.spent_input, facts.usage.get("input_tokens", 0))
+            add(metrics.spent_output, facts.usage.get("output_tokens", 0))
         if facts.cost_usd is not None:
-            metrics.cost_of(facts.model).inc(facts.cost_usd)
+            add(metrics.cost_of(facts.model), facts.cost_usd)
         elif facts.status is not None and facts.status < 300:
-            metrics.unknown_cost.inc()
+            add(metrics.unknown_cost)
 
     def finish(self, record: CallRecord) -> None:
         finished = time.perf_counter()
@@ -181,13 +181,15 @@ class Observer:
         metrics = self.metrics
         if metrics is None:
             return
-        metrics.in_flight.dec()
+        metrics.in_flight_now -= 1
         metrics.request(record.outcome, record.status)
+        add = metrics.deferred.add
         if record.outcome in ("replayed", "joined"):
-            metrics.duplicates_prevented.labels(record.outcome).inc()
+            add(metrics.duplicate(record.outcome))
         if record.unprotected_retry:
-            metrics.unprotected_retries.inc()
+            add(metrics.unprotected_retries)
         if record.outcome == "error" and record.status == 503:
-            metrics.store_errors.inc()
+            add(metrics.store_errors)
         if record.upstream_latency is not None and record.outcome in ("forwarded", "passthrough"):
-            metrics.overhead.observe(max(0.0, finished - record.started - record.upstream_latency))
+            overhead = max(0.0, finished - record.started - record.upstream_latency)
+            metrics.overhead_buckets.observe(overhead)

@@ -11,6 +11,7 @@ from ``payonce_requests_total{outcome}``. Cost per successful call:
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -35,11 +36,64 @@ _OVERHEAD_BUCKETS = (
 )  # fmt: skip
 
 
+class _Deferred:
+    """Counts kept as plain numbers on the request path, applied to Prometheus at scrape time.
+
+    A prometheus-client update takes a lock and several calls (about a
+    microsecond each); the gateway makes a dozen per request. Summing into a
+    dict and applying the sums when someone scrapes costs a tenth of that
+    (docs/benchmarks.md, observability).
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, float] = {}
+        self.histograms: list[_Buckets] = []
+
+    def add(self, child: Any, amount: float = 1.0) -> None:
+        counts = self.counts
+        counts[child] = counts.get(child, 0.0) + amount
+
+    def apply(self) -> None:
+        counts, self.counts = self.counts, {}
+        for child, amount in counts.items():
+            if amount:
+                child.inc(amount)
+        for histogram in self.histograms:
+            histogram.apply()
+
+
+class _Buckets:
+    """A histogram's bucket counts and sum, kept as plain numbers until :meth:`apply`."""
+
+    def __init__(self, histogram: Histogram, bounds: tuple[float, ...]) -> None:
+        self.histogram = histogram
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def apply(self) -> None:
+        counts, self.counts = self.counts, [0] * len(self.counts)
+        total, self.total = self.total, 0.0
+        if not any(counts):
+            return
+        # prometheus-client has no bulk observe: add to its bucket values directly
+        # (Histogram._buckets and ._sum, stable since 0.4; pinned by the tests).
+        for index, count in enumerate(counts):
+            if count:
+                self.histogram._buckets[index].inc(count)
+        self.histogram._sum.inc(total)
+
+
 class Metrics:
-    """One registry per gateway process, with label children bound once (cheap per request)."""
+    """One registry per gateway process. Updates are deferred (:class:`_Deferred`)."""
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.deferred = _Deferred()
         requests = Counter(
             "payonce_requests",
             "Client requests answered, by outcome and status class.",
@@ -128,6 +182,17 @@ class Metrics:
         # Children bound once: .labels() is a lock and a dict lookup per call.
         self.spent_input = self.tokens.labels("spent", "input")
         self.spent_output = self.tokens.labels("spent", "output")
+        self.saved_input = self.tokens.labels("saved", "input")
+        self.saved_output = self.tokens.labels("saved", "output")
+        self._duplicates = {
+            kind: self.duplicates_prevented.labels(kind) for kind in ("replayed", "joined")
+        }
+        self._saved_costs: dict[str | None, Any] = {}
+        self.upstream_latency_buckets = _Buckets(self.upstream_latency, _LATENCY_BUCKETS)
+        self.overhead_buckets = _Buckets(self.overhead, _OVERHEAD_BUCKETS)
+        self.deferred.histograms += [self.upstream_latency_buckets, self.overhead_buckets]
+        self.in_flight_now = 0
+        self.in_flight.set_function(lambda: self.in_flight_now)
         self._costs: dict[str | None, Any] = {}
         self._upstream_statuses: dict[int | None, Any] = {}
 
@@ -138,16 +203,26 @@ class Metrics:
             child = self._costs[model] = self.cost.labels(model or "unknown")
         return child
 
+    def saved_cost_of(self, model: str | None) -> Any:
+        child = self._saved_costs.get(model)
+        if child is None:
+            child = self._saved_costs[model] = self.saved_cost.labels(model or "unknown")
+        return child
+
+    def duplicate(self, kind: str) -> Any:
+        return self._duplicates[kind]
+
     def upstream_call(self, status: int | None) -> None:
         child = self._upstream_statuses.get(status)
         if child is None:
             child = self._upstream_statuses[status] = self.upstream_calls.labels(
                 str(status) if status else "error"
             )
-        child.inc()
+        self.deferred.add(child)
 
     def request(self, outcome: str, status: int) -> None:
-        self._requests[(outcome, f"{min(max(status // 100, 1), 5)}xx")].inc()
+        self.deferred.add(self._requests[(outcome, f"{min(max(status // 100, 1), 5)}xx")])
 
     def render(self) -> bytes:
+        self.deferred.apply()
         return generate_latest(self.registry)
