@@ -184,8 +184,7 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
                     retry_after=1,
                 )
             if record.streaming:
-                after = 0
-                await relay_stored(send, receive, gateway.store, record, REPLAYED, after)
+                await relay_stored(send, receive, gateway.store, record, REPLAYED, after=0)
             else:
                 await send_response(send, record.response, REPLAYED)
             return
