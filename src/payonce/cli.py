@@ -225,6 +225,13 @@ def cli() -> None:
     help="Rotated call log files to keep (PATH.1 ... PATH.N).",
 )
 @click.option(
+    "--prices",
+    envvar=_env("prices"),
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML or JSON file of model prices that extends or overrides the built-in table.",
+)
+@click.option(
     "--metrics/--no-metrics",
     envvar=_env("metrics"),
     default=True,

@@ -82,6 +82,7 @@ class GatewaySettings:
     call_log: str | None = None  # a file path, or "-" for stdout
     call_log_max_bytes: int = 100 * 1024 * 1024
     call_log_backups: int = 5
+    prices: str | None = None  # a TOML or JSON file adding to the price table
     metrics: bool = True
     metrics_token: str | None = None
     otel: bool = True  # spans through opentelemetry-api, when it is installed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -68,3 +69,75 @@ def test_unknown_models_cost_none_not_zero() -> None:
     assert cost_of("my-finetune", {"input_tokens": 5, "output_tokens": 5}) is None
     assert cost_of(None, {"input_tokens": 5}) is None
     assert price_of("gpt-4o-mini-2024-07-18") is price_of("gpt-4o-mini"), "longest prefix wins"
+
+
+def test_responses_api_usage_details() -> None:
+    body = {
+        "model": "gpt-4.1",
+        "usage": {
+            "input_tokens": 100,
+            "output_tokens": 40,
+            "input_tokens_details": {"cached_tokens": 30},
+            "output_tokens_details": {"reasoning_tokens": 10},
+        },
+    }
+    assert model_and_usage(json.dumps(body).encode(), [])[1] == {
+        "input_tokens": 100, "output_tokens": 40, "cached_input_tokens": 30, "reasoning_tokens": 10,
+    }  # fmt: skip
+
+
+def test_responses_api_stream_usage_comes_from_response_completed() -> None:
+    from payonce.gateway.sse import StreamUsage
+
+    usage = StreamUsage()
+    event = {
+        "type": "response.completed",
+        "response": {"model": "gpt-4.1", "usage": {"input_tokens": 9, "output_tokens": 3}},
+    }
+    assert (
+        usage.inspect(b"event: response.completed\ndata: " + json.dumps(event).encode() + b"\n\n")
+        is False
+    )
+    assert usage.model == "gpt-4.1"
+    assert usage.usage == {"input_tokens": 9, "output_tokens": 3}
+
+
+def test_a_prices_file_extends_the_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from payonce.observe.pricing import PRICES, install_prices, load_prices
+
+    path = tmp_path / "prices.toml"
+    path.write_text(
+        '[models."my-finetune"]\ninput = 1.0\noutput = 4.0\nsource = "contract"\nas_of = "2026-11"\n'
+    )
+    saved = dict(PRICES)
+    try:
+        install_prices(load_prices(str(path)))
+        assert cost_of(
+            "my-finetune-v2", {"input_tokens": 1000, "output_tokens": 500}
+        ) == pytest.approx(0.003)
+        assert price_of("my-finetune").cached_input == 1.0  # type: ignore[union-attr]
+    finally:
+        PRICES.clear()
+        PRICES.update(saved)
+        install_prices({})
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("not toml [", "not valid TOML"),
+        ("[other]\nx = 1", "no [models] table"),
+        ('[models."m"]\ninput = 1', "needs input and output"),
+        ('[models."m"]\ninput = "x"\noutput = 1', "must be numbers"),
+        ('[models."m"]\ninput = -1\noutput = 1', "must not be negative"),
+        ('[models."m"]\ninput = 1\noutput = 1\ncolour = 2', "unknown fields"),
+    ],
+)
+def test_bad_prices_files_are_config_errors(tmp_path, content: str, needle: str) -> None:  # type: ignore[no-untyped-def]
+    from payonce.errors import ConfigError
+    from payonce.observe.pricing import load_prices
+
+    path = tmp_path / "prices.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_prices(str(path))

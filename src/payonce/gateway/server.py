@@ -24,6 +24,7 @@ from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog
+from payonce.observe.pricing import install_prices, load_prices
 from payonce.store import open_store
 
 __all__ = ["run", "serve"]
@@ -94,6 +95,8 @@ async def serve(
     """
     if settings.upstream != "sim":
         parse_upstream_url(settings.upstream)
+    if settings.prices is not None:
+        install_prices(load_prices(settings.prices))
     store = open_store(settings.store, clock)
     try:
         async with contextlib.AsyncExitStack() as stack:

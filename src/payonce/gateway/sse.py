@@ -104,13 +104,16 @@ class StreamUsage:
         document = _data_json(event)
         if not isinstance(document, dict):
             return False
+        kind = document.get("type")
+        if kind == "response.completed" and isinstance(document.get("response"), dict):
+            # The Responses API streams its final usage inside the completed response.
+            document = document["response"]
         if self.model is None:
             message = document.get("message")
             source = message if isinstance(message, dict) else document
             model = source.get("model")
             self.model = model if isinstance(model, str) else None
         usage = document.get("usage")
-        kind = document.get("type")
         if kind == "message_start":
             message = document.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None

@@ -7,10 +7,15 @@ price (``None``), never zero: a cost that silently reads as free hides spend.
 from __future__ import annotations
 
 import functools
+import json
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["PRICES", "ModelPrice", "cost_of", "price_of"]
+from payonce.errors import ConfigError
+
+__all__ = ["PRICES", "ModelPrice", "cost_of", "install_prices", "load_prices", "price_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,62 @@ PRICES: dict[str, ModelPrice] = {
     "claude-opus-4": ModelPrice(15.00, 1.50, 75.00, _ANTHROPIC, "2025-06"),
 }
 _LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
+
+
+def load_prices(path: str) -> dict[str, ModelPrice]:
+    """Read a ``--prices`` file: TOML or JSON, ``[models."<name>"]`` tables of USD per million.
+
+    Each model takes ``input`` and ``output`` (required), ``cached_input``
+    (defaults to ``input``), and ``source`` / ``as_of`` (free text, recommended).
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--prices: cannot read {path}: {exc.strerror}") from None
+    try:
+        document = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--prices: {path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {exc}"
+        ) from None
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, dict) or not models:
+        raise ConfigError(f"--prices: {path} has no [models] table")
+    prices: dict[str, ModelPrice] = {}
+    for name, entry in models.items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"--prices: model {name!r} in {path} must be a table")
+        unknown = set(entry) - {"input", "cached_input", "output", "source", "as_of"}
+        if unknown:
+            raise ConfigError(f"--prices: model {name!r} has unknown fields {sorted(unknown)}")
+        try:
+            numbers = {
+                field: float(entry[field])
+                for field in ("input", "output", "cached_input")
+                if field in entry
+            }
+        except (TypeError, ValueError):
+            raise ConfigError(f"--prices: model {name!r}: prices must be numbers") from None
+        if "input" not in numbers or "output" not in numbers:
+            raise ConfigError(f"--prices: model {name!r} needs input and output prices")
+        if any(value < 0 for value in numbers.values()):
+            raise ConfigError(f"--prices: model {name!r}: prices must not be negative")
+        prices[str(name)] = ModelPrice(
+            numbers["input"],
+            numbers.get("cached_input", numbers["input"]),
+            numbers["output"],
+            str(entry.get("source", path)),
+            str(entry.get("as_of", "")),
+        )
+    return prices
+
+
+def install_prices(extra: Mapping[str, ModelPrice]) -> None:
+    """Add or replace table entries (``--prices``), once, when the gateway starts."""
+    global _LONGEST_FIRST
+    PRICES.update(extra)
+    _LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
+    price_of.cache_clear()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -69,12 +69,16 @@ def normalise_usage(usage: object) -> dict[str, int] | None:
         value = usage.get(source)
         if isinstance(value, int) and not isinstance(value, bool):
             result[target] = value
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        result["cached_input_tokens"] = details["cached_tokens"]
-    details = usage.get("completion_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
-        result["reasoning_tokens"] = details["reasoning_tokens"]
+    # Chat completions name the details after prompt/completion; the Responses
+    # API after input/output.
+    for name in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(name)
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            result["cached_input_tokens"] = details["cached_tokens"]
+    for name in ("completion_tokens_details", "output_tokens_details"):
+        details = usage.get(name)
+        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+            result["reasoning_tokens"] = details["reasoning_tokens"]
     if "input_tokens" not in result and "output_tokens" not in result:
         return None
     if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
