@@ -49,8 +49,12 @@ async def test_a_failed_stream_raises_after_its_last_events() -> None:
     live = LiveStream(200, ())
     live.append([b"x"])
     live.finish(failed=True)
-    seen = []
-    with pytest.raises(ConnectionError):
+    seen: list[bytes] = []
+
+    async def drain() -> None:
         async for batch in live.follow():
-            seen += batch
+            seen.extend(batch)
+
+    with pytest.raises(ConnectionError):
+        await drain()
     assert seen == [b"x"]
