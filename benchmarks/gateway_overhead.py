@@ -16,7 +16,17 @@ payonce first call  a fresh ``Idempotency-Key`` per request: SQLite claim, upstr
                     store the response
 payonce replay      ``--replay-keys`` keys completed beforehand, then cycled: each request
                     is answered from SQLite; the simulator is never called
+redis first call    the same first-call load on the Redis store (a private ``redis-server``
+                    on a free port, pinned with the simulator and wrk), one worker, then
+                    ``--workers 2``
+redis replay        the same replay load on the Redis store, one worker, then two
+sqlite workers      first call and replay on SQLite with ``--workers 2`` (only when asked:
+                    ``--only sqlite-workers``)
 ==================  ========================================================================
+
+Scenario groups (``--only``, comma-separated): ``direct``, ``nginx``, ``sqlite`` (the
+payonce paths above on SQLite), ``redis`` (one and two workers) and ``sqlite-workers``;
+all but ``sqlite-workers`` by default.
 
 Method
 ------
@@ -33,6 +43,11 @@ Method
   worker) from ``/proc/PID/stat`` before and after the timed run, divided by the requests
   wrk completed. This is the stable figure on shared machines; requests/s and latency
   move 15-30% between runs, so compare paths within one run, as ratios.
+* Workers: a ``--workers 2`` gateway is not pinned (its workers may use every core, the
+  load generator's included), and its CPU is the sum over the supervisor and its workers.
+  A second table shows where the cores went: gateway, simulator, Redis, wrk (its user +
+  system time, from ``RUSAGE_CHILDREN``) and "other" (whatever else the machine ran), each
+  in cores, against all cores' busy time from ``/proc/stat``.
 * Latency: p50/p99 at one connection (``wrk -c1``), ``--latency-duration`` s per path.
   Noisy: an order of magnitude only.
 * The simulator's ledger is reset before each timed run and read after it: the upstream
@@ -42,7 +57,8 @@ Method
   disturbed (other test suites on a shared machine) and its CPU figures are suspect.
 
 Targets, payonce as a share of nginx on one gateway core: keyed first call (SQLite) >= 6%,
-replay >= 10%, no-key pass-through >= 10%. Each is checked three ways: requests/s against
+replay >= 10%, no-key pass-through >= 10%; Redis keyed first call >= 60% of SQLite's on
+one worker (req/s, and CPU per request). Each nginx target is checked three ways: requests/s against
 nginx's requests/s (the issue's wording; flattering while nginx waits for the simulator),
 nginx's CPU per request over payonce's (what one core could serve), and the same against
 nginx → static (nginx's cost when it is actually busy; the strictest). PASS/MISS is
@@ -56,8 +72,9 @@ py-spy is not a project dependency: ``.venv/bin/pip install py-spy``.
 
 Usage::
 
-    .venv/bin/python benchmarks/gateway_overhead.py                  # about 90 s
-    .venv/bin/python benchmarks/gateway_overhead.py --quick          # smoke run, ~30 s
+    .venv/bin/python benchmarks/gateway_overhead.py                  # about 160 s
+    .venv/bin/python benchmarks/gateway_overhead.py --quick          # smoke run, ~50 s
+    .venv/bin/python benchmarks/gateway_overhead.py --only sqlite,redis   # about 110 s
     .venv/bin/python benchmarks/gateway_overhead.py --profile /tmp/payonce-profile  # +40 s
 """
 
@@ -70,6 +87,7 @@ import json
 import os
 import platform
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -92,6 +110,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Minimum share of nginx's throughput, per payonce path (the issue's targets).
 TARGETS = {"payonce-first": 0.06, "payonce-replay": 0.10, "payonce-nokey": 0.10}
+# Minimum share of the SQLite figure (one worker) for the keyed first call on Redis.
+REDIS_TARGET = 0.60
+GROUPS = ("direct", "nginx", "sqlite", "redis", "sqlite-workers")
+DEFAULT_GROUPS = ("direct", "nginx", "sqlite", "redis")
 
 
 # --------------------------------------------------------------------------- options
@@ -110,6 +132,7 @@ class Options:
     profile_dir: Path | None
     profile_rate: int
     tmp_root: Path | None
+    only: frozenset[str] = frozenset(DEFAULT_GROUPS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -146,7 +169,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--tmpdir", type=Path, default=None, help="where the SQLite file and configs go"
     )
+    parser.add_argument(
+        "--only",
+        default=",".join(DEFAULT_GROUPS),
+        help=f"scenario groups to run, comma-separated, from: {', '.join(GROUPS)}",
+    )
     args = parser.parse_args(argv)
+    only = frozenset(group.strip() for group in args.only.split(",") if group.strip())
+    if not only or only - set(GROUPS):
+        parser.error(f"--only: choose from {', '.join(GROUPS)}")
     duration, warmup, latency = args.duration, args.warmup, args.latency_duration
     if args.quick:
         duration, warmup, latency = 2, 1, min(latency, 1)
@@ -162,6 +193,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         profile_dir=args.profile,
         profile_rate=args.profile_rate,
         tmp_root=args.tmpdir,
+        only=only,
     )
 
 
@@ -239,6 +271,12 @@ def start_service(name: str, command: Sequence[str], log_dir: Path) -> Service:
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     return Service(name, process, log_path)
+
+
+def _children_cpu_us() -> float:
+    """User + system time of this script's finished children (each wrk run), in µs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1e6
 
 
 def http_get_ok(url: str, timeout: float = 1.0) -> bool:
@@ -557,6 +595,7 @@ class Target:
     load: Load
     proxy: Service | None  # None for direct
     calls_sim: bool = True  # False for the static-upstream reference
+    workers: int = 1  # gateway worker processes; more than one runs unpinned
 
 
 @dataclass
@@ -568,6 +607,10 @@ class Measurement:
     proxy_busy: float | None = None  # share of one core
     sim_busy: float | None = None  # share of one core
     load_core_busy: float | None = None  # core 0: simulator + wrk (+ static upstream)
+    redis_busy: float | None = None  # share of one core
+    wrk_busy: float | None = None  # share of one core
+    all_busy: float | None = None  # every core's busy time, in cores
+    workers: int = 1
     upstream_calls: int | None = None
     latency: WrkResult | None = None
     skipped: str | None = None
@@ -582,6 +625,14 @@ class Measurement:
     def flagged(self) -> bool:
         return bool(self.errors)
 
+    @property
+    def other_busy(self) -> float | None:
+        """Cores busy with work none of our processes did (another job on the machine)."""
+        if self.all_busy is None:
+            return None
+        ours = (self.proxy_busy, self.sim_busy, self.redis_busy, self.wrk_busy)
+        return self.all_busy - sum(share or 0.0 for share in ours)
+
 
 class Bench:
     """Holds the shared pieces (wrk, simulator, pinning, temp dir) and runs targets."""
@@ -593,6 +644,7 @@ class Bench:
         self.pinning = pinning
         self.sim: Service | None = None
         self.sim_url = ""
+        self.redis: Service | None = None  # while the Redis scenarios run
 
     def start_sim(self) -> None:
         port = free_port()
@@ -624,15 +676,24 @@ class Bench:
         proxy_pid = target.proxy.pid if target.proxy else None
         proxy_before = cpu_us(proxy_pid) if proxy_pid else 0.0
         sim_before = cpu_us(self.sim.pid)
+        redis_before = cpu_us(self.redis.pid) if self.redis else 0.0
+        wrk_before = _children_cpu_us()
         cores = range(os.cpu_count() or 1)
         ticks_before = [CoreTicks.read(core) for core in cores]
         started = time.monotonic()
         result = self.wrk_run(target, options.duration, options.connections)
         wall = time.monotonic() - started
         shares = [CoreTicks.read(core).shares_since(ticks_before[core]) for core in cores]
+        wrk_after = _children_cpu_us()
         sim_after = cpu_us(self.sim.pid)
+        redis_after = cpu_us(self.redis.pid) if self.redis else 0.0
         proxy_after = cpu_us(proxy_pid) if proxy_pid else 0.0
         measurement.result = result
+        measurement.workers = target.workers
+        measurement.wrk_busy = (wrk_after - wrk_before) / (wall * 1e6)
+        measurement.all_busy = sum(busy for busy, _ in shares)
+        if self.redis is not None:
+            measurement.redis_busy = (redis_after - redis_before) / (wall * 1e6)
         if target.calls_sim:
             measurement.upstream_calls = sim_calls(self.sim_url)
             measurement.sim_busy = (sim_after - sim_before) / (wall * 1e6)
@@ -665,6 +726,8 @@ class Bench:
         if self.pinning.load is None or self.pinning.under_test is None:
             return
         measurement.load_core_busy = shares[self.pinning.load][0]
+        if measurement.workers > 1:
+            return  # an unpinned gateway: "other" in the cores table says who else ran
         strangers = shares[self.pinning.under_test][0] - (measurement.proxy_busy or 0.0)
         if strangers > 0.10:
             measurement.warnings.append(
@@ -755,7 +818,10 @@ def nginx_static(
 
 
 @contextlib.contextmanager
-def payonce_gateway(bench: Bench) -> Iterator[tuple[Service, str]]:
+def payonce_gateway(
+    bench: Bench, store: str | None = None, workers: int = 1, name: str = "gateway"
+) -> Iterator[tuple[Service, str]]:
+    """``payonce serve`` on the core under test; with ``workers`` > 1, unpinned."""
     port = free_port()
     command = [
         *payonce_command(),
@@ -763,19 +829,45 @@ def payonce_gateway(bench: Bench) -> Iterator[tuple[Service, str]]:
         "--upstream",
         bench.sim_url,
         "--store",
-        f"sqlite:///{bench.workdir}/bench.db",
+        store or f"sqlite:///{bench.workdir}/bench.db",
         "--port",
         str(port),
         "--log-level",
         "warning",
+        "--workers",
+        str(workers),
     ]
-    service = start_service(
-        "gateway", Pinning.wrap(bench.pinning.under_test, command), bench.workdir
-    )
+    core = bench.pinning.under_test if workers == 1 else None
+    service = start_service(name, Pinning.wrap(core, command), bench.workdir)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(service, f"{url}/_payonce/health")
         yield service, url
+    finally:
+        service.stop()
+
+
+def redis_ping(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as sock:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(64).startswith(b"+PONG")
+    return False
+
+
+@contextlib.contextmanager
+def redis_server(bench: Bench, binary: str) -> Iterator[tuple[Service, str]]:
+    """A private ``redis-server`` (no persistence) on a free port, on the load's core."""
+    port = free_port()
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "no", "--daemonize", "no", "--dir", str(bench.workdir)]
+    service = start_service("redis", Pinning.wrap(bench.pinning.load, command), bench.workdir)
+    try:
+        deadline = time.monotonic() + 20
+        while not redis_ping(port):
+            if not service.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{service.log_tail()}")
+            time.sleep(0.05)
+        yield service, f"redis://127.0.0.1:{port}/0"
     finally:
         service.stop()
 
@@ -1033,6 +1125,109 @@ def measure_payonce(bench: Bench) -> tuple[list[Measurement], list[Profile]]:
     return measurements, profiles
 
 
+def measure_keyed(
+    bench: Bench, store: str, store_label: str, workers: int, prefix: str
+) -> list[Measurement]:
+    """Keyed first calls, then replays of completed keys, through one gateway."""
+    where = store_label if workers == 1 else f"{store_label}, {workers} workers"
+    name = f"gateway-{prefix}-{workers}w"
+    with payonce_gateway(bench, store, workers, name) as (gateway, url):
+        first = Target(
+            f"{prefix}-first-{workers}w",
+            f"payonce, keyed first call ({where})",
+            url,
+            Load("first"),
+            gateway,
+            workers=workers,
+        )
+        measurements = [bench.measure(first)]
+        keys = make_replay_keys(url, bench.options.replay_keys)
+        replay = Target(
+            f"{prefix}-replay-{workers}w",
+            f"payonce, keyed replay ({where})",
+            url,
+            Load("replay", keys),
+            gateway,
+            workers=workers,
+        )
+        measurements.append(bench.measure(replay))
+    return measurements
+
+
+def measure_redis(bench: Bench, binary: str | None) -> list[Measurement]:
+    """The keyed paths on a private Redis: one gateway worker, then two."""
+    if binary is None:
+        return [Measurement("redis-first-1w", "payonce on Redis", skipped="redis-server missing")]
+    with redis_server(bench, binary) as (redis, url):
+        bench.redis = redis
+        try:
+            return [
+                *measure_keyed(bench, url, "Redis", 1, "redis"),
+                *measure_keyed(bench, url, "Redis", 2, "redis"),
+            ]
+        finally:
+            bench.redis = None
+
+
+def print_cores(measurements: Sequence[Measurement]) -> None:
+    """Where the cores went on the gateway paths: gateway, simulator, Redis, wrk, others."""
+    rows = [m for m in measurements if m.result is not None and m.proxy_cpu_us is not None]
+    rows = [m for m in rows if not m.name.startswith("nginx")]
+    if not rows:
+        return
+    cores = os.cpu_count() or 1
+    print(
+        "\n| path | req/s | gateway CPU µs/req | gateway | simulator | Redis | wrk | other"
+        f" | all {cores} cores busy |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for m in rows:
+        print(
+            f"| {m.label} | {m.rps:,.0f} | {_fmt(m.proxy_cpu_us, ',.0f')}"
+            f" | {_cores(m.proxy_busy)} | {_cores(m.sim_busy)} | {_cores(m.redis_busy)}"
+            f" | {_cores(m.wrk_busy)} | {_cores(m.other_busy)} | {_cores(m.all_busy)} |"
+        )
+    print("\nIn cores (1.00 = one core busy for the whole timed run).")
+
+
+def _cores(share: float | None) -> str:
+    return "-" if share is None else f"{share:.2f}"
+
+
+def print_store_ratios(measurements: Sequence[Measurement]) -> None:
+    """Redis against SQLite on one worker; two workers against one."""
+    by_name = {m.name: m for m in measurements if m.result is not None}
+    pairs = [
+        ("Redis ÷ SQLite, keyed first call, 1 worker", "redis-first-1w", "payonce-first", True),
+        ("Redis ÷ SQLite, keyed replay, 1 worker", "redis-replay-1w", "payonce-replay", False),
+        ("2 workers ÷ 1, Redis keyed first call", "redis-first-2w", "redis-first-1w", False),
+        ("2 workers ÷ 1, Redis keyed replay", "redis-replay-2w", "redis-replay-1w", False),
+        ("2 workers ÷ 1, SQLite keyed first call", "sqlite-first-2w", "payonce-first", False),
+        ("2 workers ÷ 1, SQLite keyed replay", "sqlite-replay-2w", "payonce-replay", False),
+    ]
+    lines = []
+    for label, name, base, targeted in pairs:
+        m, reference = by_name.get(name), by_name.get(base)
+        if m is None or reference is None or not reference.rps:
+            continue
+        flagged = m.flagged or reference.flagged
+        rps = m.rps / reference.rps
+        cpu = None
+        if m.proxy_cpu_us and reference.proxy_cpu_us:
+            cpu = reference.proxy_cpu_us / m.proxy_cpu_us
+        if targeted:
+            cells = (_verdict(rps, REDIS_TARGET, flagged), _verdict(cpu, REDIS_TARGET, flagged))
+            target = f"≥ {REDIS_TARGET:.0%}"
+        else:
+            cells = (f"{rps:.2f}x", "-" if cpu is None else f"{cpu:.2f}x")
+            target = "-"
+        lines.append(f"| {label} | {target} | {cells[0]} | {cells[1]} |")
+    if lines:
+        print("\n| comparison | target | req/s ratio | CPU per request (reference ÷ this) |")
+        print("|---|---:|---:|---:|")
+        print("\n".join(lines))
+
+
 def print_header(options: Options, bench: Bench, nginx_binary: str | None) -> None:
     print(f"## payonce gateway overhead, {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
     print(f"# machine: {machine_description()}")
@@ -1058,9 +1253,14 @@ def run(options: Options) -> int:
     if wrk is None:
         print("wrk is required (apt-get install -y wrk)", file=sys.stderr)
         return 1
-    nginx_binary = ensure_binary("nginx", ["nginx-light", "nginx"], options.install)
-    if nginx_binary is None:
-        print("# nginx unavailable: its rows and the ratios are skipped")
+    nginx_binary = None
+    if "nginx" in options.only:
+        nginx_binary = ensure_binary("nginx", ["nginx-light", "nginx"], options.install)
+        if nginx_binary is None:
+            print("# nginx unavailable: its rows and the ratios are skipped")
+    redis_binary = None
+    if "redis" in options.only:
+        redis_binary = ensure_binary("redis-server", ["redis-server"], options.install)
     if options.tmp_root is not None:
         options.tmp_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="payonce-bench-", dir=options.tmp_root) as tmp:
@@ -1070,16 +1270,26 @@ def run(options: Options) -> int:
         profiles: list[Profile] = []
         try:
             bench.start_sim()
-            direct = Target("direct", "direct to sim", bench.sim_url, Load("nokey"), None)
-            measurements.append(bench.measure(direct))
-            measurements.extend(measure_nginx(bench, nginx_binary))
-            ours, profiles = measure_payonce(bench)
-            measurements.extend(ours)
+            if "direct" in options.only:
+                direct = Target("direct", "direct to sim", bench.sim_url, Load("nokey"), None)
+                measurements.append(bench.measure(direct))
+            if "nginx" in options.only:
+                measurements.extend(measure_nginx(bench, nginx_binary))
+            if "sqlite" in options.only:
+                ours, profiles = measure_payonce(bench)
+                measurements.extend(ours)
+            if "sqlite-workers" in options.only:
+                store = f"sqlite:///{bench.workdir}/bench-workers.db"
+                measurements.extend(measure_keyed(bench, store, "SQLite", 2, "sqlite"))
+            if "redis" in options.only:
+                measurements.extend(measure_redis(bench, redis_binary))
         finally:
             if bench.sim is not None:
                 bench.sim.stop()
         print_table(measurements, options)
         print_ratios(measurements)
+        print_cores(measurements)
+        print_store_ratios(measurements)
         for profile in profiles:
             print_profile(profile)
     return 0
