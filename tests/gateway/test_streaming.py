@@ -48,6 +48,13 @@ def wait_completed(
     return dict(doc)
 
 
+def wait_billed(sim: Sim) -> None:
+    """Until the simulator has billed a generation (it finishes streams nobody reads)."""
+    deadline = time.monotonic() + 15
+    while sim.billed() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def raw_events(
     url: str,
     key: str | None,
@@ -235,9 +242,7 @@ def test_an_unkeyed_stream_is_cancelled_upstream_when_its_client_leaves(
         for _, _chunk in zip(range(2), response.iter_raw(), strict=False):
             pass
     # The provider goes on generating (and bills it), but nobody is connected.
-    deadline = time.monotonic() + 15
-    while fresh_sim.billed() == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_billed(fresh_sim)
     assert fresh_sim.ledger()["entries"][0]["client_connected"] is False
 
 
@@ -272,9 +277,7 @@ def test_on_stream_disconnect_cancel_stops_a_keyed_stream_nobody_reads(
     ) as response:
         for _, _chunk in zip(range(2), response.iter_raw(), strict=False):
             pass
-    deadline = time.monotonic() + 15
-    while fresh_sim.billed() == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_billed(fresh_sim)
     # The provider still finishes (and bills) what it started, but nobody was reading,
     # and the key was released: a retry runs again instead of waiting for the rest.
     assert fresh_sim.ledger()["entries"][0]["client_connected"] is False

@@ -104,13 +104,7 @@ def status_request(
     timeouts: dict[str, float],
 ) -> httpx2.Request:
     """``GET {base}/_payonce/requests/{key}?wait=S`` with the call's credential."""
-    url = f"{base}/_payonce/requests/{quote(key, safe='')}?wait={wait:.3f}"
-    return httpx2.Request(
-        "GET",
-        url,
-        headers=_status_headers(source, extra_headers),
-        extensions={"timeout": timeouts},
-    )
+    return _record_request(base, key, f"?wait={wait:.3f}", source, extra_headers, timeouts)
 
 
 def response_request(
@@ -121,7 +115,18 @@ def response_request(
     timeouts: dict[str, float],
 ) -> httpx2.Request:
     """``GET {base}/_payonce/requests/{key}/response`` with the call's credential."""
-    url = f"{base}/_payonce/requests/{quote(key, safe='')}/response"
+    return _record_request(base, key, "/response", source, extra_headers, timeouts)
+
+
+def _record_request(
+    base: str,
+    key: str,
+    suffix: str,
+    source: httpx2.Headers,
+    extra_headers: Iterable[str],
+    timeouts: dict[str, float],
+) -> httpx2.Request:
+    url = f"{base}/_payonce/requests/{quote(key, safe='')}{suffix}"
     return httpx2.Request(
         "GET",
         url,

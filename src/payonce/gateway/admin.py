@@ -25,7 +25,7 @@ from payonce.errors import (
 from payonce.gateway.asgi import Receive, Scope, Send, send_json
 from payonce.gateway.keys import MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
-from payonce.gateway.relay import relay_stored, send_response
+from payonce.gateway.relay import relay_stored, send_whole
 from payonce.observe.metrics import CONTENT_TYPE_LATEST
 from payonce.store import Record, RecordState
 
@@ -186,6 +186,6 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
             if record.streaming:
                 await relay_stored(send, receive, gateway.store, record, REPLAYED, after=0)
             else:
-                await send_response(send, record.response, REPLAYED)
+                await send_whole(send, record.response, REPLAYED)
             return
     raise NotFound(f"{scope['path']} is not a payonce endpoint")

@@ -48,7 +48,7 @@ from payonce.gateway.observing import (
     provider_request_id,
 )
 from payonce.gateway.pending import PendingWrites
-from payonce.gateway.relay import relay_live, relay_stored, send_response
+from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.sse import is_event_stream
@@ -263,7 +263,7 @@ class Gateway:
                 body = await response.read()
                 facts.model, facts.usage = model_and_usage(body, response.headers)
                 facts.cost_usd = cost_of(facts.model, facts.usage)
-                await send_response(
+                await send_whole(
                     send, StoredResponse(response.status, response.headers, body), _VIA
                 )
                 return
@@ -426,11 +426,9 @@ class Gateway:
                 log.info("every client of stream %r left: cancelling it", execution.key)
                 execution.task.cancel()
         elif facts is not None and facts.cost_usd is not None:
-            await send_response(
-                send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd)
-            )
+            await send_whole(send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd))
         else:
-            await send_response(send, head, marker)
+            await send_whole(send, head, marker)
 
     async def _join(self, execution: Execution, deadline: float) -> Head:
         remaining = deadline - asyncio.get_running_loop().time()

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from payonce.gateway.asgi import Receive, Send
+from payonce.gateway.asgi import Receive, Send, send_response
 from payonce.gateway.live import LiveStream
 from payonce.gateway.sse import numbered
 from payonce.gateway.upstream import UpstreamResponse
@@ -21,12 +21,12 @@ from payonce.store import Record, RecordState, Store, StoredResponse
 __all__ = [
     "relay_live",
     "relay_stored",
-    "send_response",
+    "send_whole",
     "watch_disconnect",
 ]
 
 
-async def send_response(
+async def send_whole(
     send: Send, response: UpstreamResponse | StoredResponse, *extra: tuple[bytes, bytes]
 ) -> None:
     """Send a whole response with ``extra`` headers (the replay marker, the cost)."""
@@ -34,9 +34,7 @@ async def send_response(
         (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
     ]
     headers.extend(extra)
-    headers.append((b"content-length", str(len(response.body)).encode()))
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body})
+    await send_response(send, response.status, headers, response.body)
 
 
 @contextlib.contextmanager

@@ -387,7 +387,6 @@ class SQLiteStore:
                 return record
             step = min(remaining, self._poll_interval, record.lease_expires_at - now)
             await self._waiters.wait(f"{tenant}\x00{key}", step)
-            await asyncio.sleep(0)
 
     async def purge_expired(self) -> int:
         now = self._clock.now()
