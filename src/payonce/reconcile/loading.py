@@ -35,14 +35,19 @@ _MAX_LINE = 64 << 20
 _SUCCESS_WORDS = "('success', 'succeeded', 'ok', 'completed', 'true')"
 
 _TABLES = f"""
+-- Model, endpoint and tag also travel as 64-bit hashes (m, e, t), computed once
+-- here: the big aggregations group and compare integers, not strings.
+CREATE MACRO h(x) AS nullif(hash(x), hash(NULL::VARCHAR));
 CREATE TABLE calls (
     src INTEGER, pos BIGINT, business_id VARCHAR, provider_request_id VARCHAR,
-    model VARCHAR, endpoint VARCHAR, tag VARCHAR, success BOOLEAN,
-    unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR);
+    model VARCHAR, endpoint VARCHAR, tag VARCHAR, m UBIGINT, e UBIGINT, t UBIGINT,
+    success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR);
+-- No figure uses the token counts, but reading them checks them (a row with a bad
+-- one is malformed) and makes DuckDB check every row's column count.
 CREATE TABLE bill (
     src INTEGER, pos BIGINT, provider_request_id VARCHAR, cost_usd {MONEY},
-    model VARCHAR, endpoint VARCHAR, input_tokens BIGINT, output_tokens BIGINT,
-    ts TIMESTAMPTZ, reason VARCHAR);
+    model VARCHAR, endpoint VARCHAR, m UBIGINT, e UBIGINT, input_tokens BIGINT,
+    output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR);
 CREATE TABLE malformed (src INTEGER, line BIGINT, reason VARCHAR);
 """
 
@@ -345,6 +350,7 @@ def _normalize(
     columns = [f"{source.index} AS src", "__pos AS pos", f"{reason} AS reason"]
     columns += [f"{text(name)} AS {name}" for name in ("provider_request_id", "model", "endpoint")]
     columns.append(f"{plain('ts')} AS ts")
+    columns += [f"h({text('model')}) AS m", f"h({text('endpoint')}) AS e"]
     if source.side is Side.BILL:
         columns += [
             f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
@@ -375,6 +381,7 @@ def _normalize(
     columns += [
         f"{business} AS business_id",
         f"{text('tag')} AS tag",
+        f"h({text('tag')}) AS t",
         f"{success} AS success",
         f"{retry} AS unkeyed_retry",
     ]
