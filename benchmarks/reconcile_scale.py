@@ -13,9 +13,16 @@ implementations must agree to the cent on the wasted cost.
     .venv/bin/python benchmarks/reconcile_scale.py                  # 1M and 10M
     .venv/bin/python benchmarks/reconcile_scale.py --rows 1000000 --pandas-max 1000000
 
-The reconcile run is the real command (``python -m payonce reconcile ... --json``);
-its time is measured inside the process (``reconcile()`` from first read to report)
-and as wall time of the whole process (interpreter start and imports included).
+The reconcile run is the real command (``payonce reconcile ... --json``); its time
+is measured inside the process, from the command's start to its JSON written, with
+the libraries imported before the clock starts on both sides (pandas; DuckDB and
+rich), and as wall time of the whole process (interpreter start and imports
+included).
+
+Two pandas baselines run: the **whole report** (every figure the command computes:
+see ``run_pandas_report``) and the **join only** (the duplicate count and waste,
+nothing else). The first is the like-for-like comparison; the second shows the
+floor of the work.
 """
 
 from __future__ import annotations
@@ -255,7 +262,12 @@ def run_pandas_report(calls: Path, bill: Path) -> dict[str, float]:
 
 
 def run_reconcile(calls: Path, bill: Path) -> dict[str, float]:
-    """The real command, timed inside the process."""
+    """The real command, timed inside the process.
+
+    The command imports DuckDB and rich when it runs; they are imported here
+    first, as pandas is imported before its clock starts.
+    """
+    import payonce.reconcile.main  # noqa: F401  (DuckDB, rich: imported before the clock)
     from payonce.reconcile.cli import reconcile_command
 
     with tempfile.TemporaryDirectory() as temp:
