@@ -38,7 +38,7 @@ from payonce.errors import (
 from payonce.gateway import admin
 from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
-from payonce.gateway.keys import fingerprint, read_key, tenant_of
+from payonce.gateway.keys import Tenants, fingerprint, read_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -133,7 +133,7 @@ class Gateway:
         if settings.key_from_request_id:
             names.append(b"x-request-id")
         self._key_headers = tuple(names)
-        self._tenant_header = (
+        self._tenants = Tenants(
             settings.tenant_header.lower().encode() if settings.tenant_header else None
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
@@ -176,7 +176,7 @@ class Gateway:
             self.observer.finish(record)
 
     def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
-        return tenant_of(headers, self._tenant_header)
+        return self._tenants.of(headers)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, record: CallRecord) -> None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]

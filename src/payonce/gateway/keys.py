@@ -14,7 +14,7 @@ import orjson
 
 from payonce.errors import InvalidIdempotencyKey
 
-__all__ = ["MAX_KEY_LENGTH", "fingerprint", "parse_key", "read_key", "tenant_of"]
+__all__ = ["MAX_KEY_LENGTH", "Tenants", "fingerprint", "parse_key", "read_key", "tenant_of"]
 
 MAX_KEY_LENGTH = 255  # Stripe's limit; the draft sets none.
 _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"api-key")
@@ -99,12 +99,55 @@ def tenant_of(headers: Sequence[tuple[bytes, bytes]], tenant_header: bytes | Non
     wanted = (tenant_header,) if tenant_header else _CREDENTIAL_HEADERS
     for name, value in headers:
         if name in wanted:
-            secret = value.strip()
-            if secret[:7].lower() == b"bearer ":
-                secret = secret[7:].strip()
-            if secret:
-                return hashlib.sha256(b"payonce-tenant\x00" + secret).hexdigest()[:32]
+            tenant = _tenant_hash(value)
+            if tenant is not None:
+                return tenant
     return _ANONYMOUS
+
+
+def _tenant_hash(value: bytes) -> str | None:
+    secret = value.strip()
+    if secret[:7].lower() == b"bearer ":
+        secret = secret[7:].strip()
+    if not secret:
+        return None
+    return hashlib.sha256(b"payonce-tenant\x00" + secret).hexdigest()[:32]
+
+
+class Tenants:
+    """:func:`tenant_of` for one gateway, remembering the tenants of recent credentials.
+
+    A sha256 per request was a fifth of what the call log costs (docs/benchmarks.md,
+    observability), and a client sends the same credential on every request. The
+    memory is keyed by two of Python's own hashes of the header value (SipHash
+    with this process's random key, over two different inputs): 128 bits that
+    cannot be turned back into the credential, which is still never kept. At
+    ``size`` entries the memory is cleared and starts again.
+    """
+
+    def __init__(self, tenant_header: bytes | None = None, size: int = 4096) -> None:
+        self._wanted = (tenant_header,) if tenant_header else _CREDENTIAL_HEADERS
+        self._size = size
+        self._known: dict[tuple[int, int], str] = {}
+
+    def of(self, headers: Sequence[tuple[bytes, bytes]]) -> str:
+        wanted = self._wanted
+        for name, value in headers:
+            if name in wanted:
+                digest = (hash(value), hash(_SALT + value))
+                tenant = self._known.get(digest)
+                if tenant is not None:
+                    return tenant
+                tenant = _tenant_hash(value)
+                if tenant is not None:
+                    if len(self._known) >= self._size:
+                        self._known.clear()
+                    self._known[digest] = tenant
+                    return tenant
+        return _ANONYMOUS
+
+
+_SALT = b"payonce-tenant\x00"
 
 
 def _canonical_json(body: bytes) -> bytes:

@@ -157,20 +157,8 @@ class Observer:
         """Count one upstream call: its status, latency, tokens and cost."""
         if self.tracing is not None:
             self.tracing.upstream(facts, path, facts.started)
-        metrics = self.metrics
-        if metrics is None:
-            return
-        add = metrics.deferred.add
-        metrics.upstream_call(facts.status)
-        if facts.latency is not None:
-            metrics.upstream_latency_buckets.observe(facts.latency)
-        if facts.usage:
-            add(metrics.spent_input, facts.usage.get("input_tokens", 0))
-            add(metrics.spent_output, facts.usage.get("output_tokens", 0))
-        if facts.cost_usd is not None:
-            add(metrics.cost_of(facts.model), facts.cost_usd)
-        elif facts.status is not None and facts.status < 300:
-            add(metrics.unknown_cost)
+        if self.metrics is not None:
+            self.metrics.upstream_call(facts)
 
     def finish(self, record: CallRecord) -> None:
         finished = time.perf_counter()
@@ -178,18 +166,5 @@ class Observer:
             self.call_log.write(record.line(finished, self.clock.now()))
         if self.tracing is not None:
             self.tracing.request(record, finished)
-        metrics = self.metrics
-        if metrics is None:
-            return
-        metrics.in_flight_now -= 1
-        metrics.request(record.outcome, record.status)
-        add = metrics.deferred.add
-        if record.outcome in ("replayed", "joined"):
-            add(metrics.duplicate(record.outcome))
-        if record.unprotected_retry:
-            add(metrics.unprotected_retries)
-        if record.outcome == "error" and record.status == 503:
-            add(metrics.store_errors)
-        if record.upstream_latency is not None and record.outcome in ("forwarded", "passthrough"):
-            overhead = max(0.0, finished - record.started - record.upstream_latency)
-            metrics.overhead_buckets.observe(overhead)
+        if self.metrics is not None:
+            self.metrics.answered(record, finished)

@@ -11,11 +11,15 @@ from ``payonce_requests_total{outcome}``. Cost per successful call:
 
 from __future__ import annotations
 
-import bisect
-from typing import Any
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from payonce.gateway.observing import UpstreamFacts
+    from payonce.observe.calllog import CallRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics"]
 
@@ -34,6 +38,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
 )  # fmt: skip
+
+
+def _status_class(status: int) -> str:
+    return f"{min(max(status // 100, 1), 5)}xx"
 
 
 class _Deferred:
@@ -72,7 +80,7 @@ class _Buckets:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
     def apply(self) -> None:
@@ -195,6 +203,7 @@ class Metrics:
         self.in_flight.set_function(lambda: self.in_flight_now)
         self._costs: dict[str | None, Any] = {}
         self._upstream_statuses: dict[int | None, Any] = {}
+        self._answered: dict[tuple[str, int], int] = {}  # (outcome, status) -> requests
 
     def cost_of(self, model: str | None) -> Any:
         """The cost counter of ``model`` (children cached: a handful of models)."""
@@ -209,20 +218,68 @@ class Metrics:
             child = self._saved_costs[model] = self.saved_cost.labels(model or "unknown")
         return child
 
-    def duplicate(self, kind: str) -> Any:
-        return self._duplicates[kind]
-
-    def upstream_call(self, status: int | None) -> None:
+    def upstream_child(self, status: int | None) -> Any:
         child = self._upstream_statuses.get(status)
         if child is None:
             child = self._upstream_statuses[status] = self.upstream_calls.labels(
                 str(status) if status else "error"
             )
-        self.deferred.add(child)
+        return child
 
-    def request(self, outcome: str, status: int) -> None:
-        self.deferred.add(self._requests[(outcome, f"{min(max(status // 100, 1), 5)}xx")])
+    def upstream_call(self, facts: UpstreamFacts) -> None:
+        """Count one upstream call: its status, latency, tokens and cost.
+
+        Once per upstream call, so inlined: each update is a dict add (no calls).
+        """
+        counts = self.deferred.counts
+        status = facts.status
+        child = self._upstream_statuses.get(status) or self.upstream_child(status)
+        counts[child] = counts.get(child, 0.0) + 1.0
+        if facts.latency is not None:
+            self.upstream_latency_buckets.observe(facts.latency)
+        usage = facts.usage
+        if usage:
+            child = self.spent_input
+            counts[child] = counts.get(child, 0.0) + usage.get("input_tokens", 0)
+            child = self.spent_output
+            counts[child] = counts.get(child, 0.0) + usage.get("output_tokens", 0)
+        cost = facts.cost_usd
+        if cost is not None:
+            child = self._costs.get(facts.model) or self.cost_of(facts.model)
+            counts[child] = counts.get(child, 0.0) + cost
+        elif status is not None and status < 300:
+            child = self.unknown_cost
+            counts[child] = counts.get(child, 0.0) + 1.0
+
+    def answered(self, record: CallRecord, finished: float) -> None:
+        """Count one answered client request (``finished``: its ``perf_counter()``).
+
+        Once per request, so only one count on the hot path, by (outcome, status):
+        the requests, duplicates and store-error counters are all derived from
+        those counts when someone scrapes (:meth:`_apply_answered`).
+        """
+        self.in_flight_now -= 1
+        outcome = record.outcome
+        answered = self._answered
+        key = (outcome, record.status)
+        answered[key] = answered.get(key, 0) + 1
+        if record.key is None and record.client_retry is not None and record.client_retry > 0:
+            self.deferred.add(self.unprotected_retries)
+        latency = record.upstream_latency
+        if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
+            overhead = finished - record.started - latency
+            self.overhead_buckets.observe(overhead if overhead > 0.0 else 0.0)
+
+    def _apply_answered(self) -> None:
+        answered, self._answered = self._answered, {}
+        for (outcome, status), count in answered.items():
+            self._requests[(outcome, _status_class(status))].inc(count)
+            if outcome in ("replayed", "joined"):
+                self._duplicates[outcome].inc(count)
+            elif outcome == "error" and status == 503:
+                self.store_errors.inc(count)
 
     def render(self) -> bytes:
+        self._apply_answered()
         self.deferred.apply()
         return generate_latest(self.registry)
