@@ -1,26 +1,40 @@
 """What do the call log, the metrics and tracing cost? payonce with them on versus off.
 
 Uses the machinery of ``gateway_overhead.py`` (same simulator, wrk loads, pinning and
-CPU accounting) on two gateways in one run:
+CPU accounting) on two gateways started side by side, both pinned to the gateway core
+(only the one under load does any work):
 
 * **off**: ``--no-metrics --no-otel`` and no call log;
 * **on**: ``--call-log FILE`` (a real file on the same disk), metrics, and tracing
   through opentelemetry-api when it is installed (no SDK configured: a no-op tracer,
   as in a deployment that has not set up an exporter).
 
-For the no-key pass-through and the keyed first call (SQLite), it reports requests/s
-and gateway CPU µs per request, and the throughput lost with observability on.
-Target: under 10% loss. CPU per request is the steadier figure on a shared machine.
+For the no-key pass-through and the keyed first call (SQLite) the runs are interleaved,
+``--pairs`` times: off, on, off, on, ... (each a ``--warmup`` run thrown away and a timed
+``--duration`` run), so a neighbour's load drifting over the minutes lands on both sides
+alike. It reports, per path, each run's gateway CPU µs per request and requests/s, the
+medians, and the throughput lost with observability on as a ratio against the "off"
+runs of the same invocation (median of on ÷ median of off), with the same ratio per
+pair. Target: under 10% loss. CPU per request is the steadier figure on a shared
+machine; check the load average printed at the start and end.
 
 Usage::
 
-    .venv/bin/python benchmarks/observability_overhead.py            # about 80 s
-    .venv/bin/python benchmarks/observability_overhead.py --quick    # smoke run
+    .venv/bin/python benchmarks/observability_overhead.py             # 3 pairs, ~2 min
+    .venv/bin/python benchmarks/observability_overhead.py --pairs 5
+    .venv/bin/python benchmarks/observability_overhead.py --quick     # smoke run
+
+Other options are ``gateway_overhead.py``'s (``--duration``, ``--warmup``,
+``--connections``, ``--no-pin``, ...); the defaults here are 6 s timed runs after 2 s of
+warmup, and no 1-connection latency runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -69,47 +83,120 @@ def gateway(bench: Bench, name: str, flags: Sequence[str]) -> Iterator[tuple[Ser
         service.stop()
 
 
+PATHS = (("nokey", "no key (pass-through)"), ("first", "keyed first call (SQLite)"))
+VARIANTS = ("off", "on")
+DEFAULTS = ["--duration", "6", "--warmup", "2", "--latency-duration", "0"]
+
+
+def _pairs(argv: Sequence[str]) -> tuple[int, list[str]]:
+    """``--pairs N`` (ours), and the rest for ``gateway_overhead.parse_args``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--pairs", type=int, default=3)
+    known, rest = parser.parse_known_args(argv)
+    if known.pairs < 1:
+        parser.error("--pairs must be at least 1")
+    return known.pairs, rest
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def print_results(results: dict[tuple[str, str], list[Measurement]], pairs: int) -> None:
+    print("\n| path | run | off: CPU µs/req | on: CPU µs/req | off: req/s | on: req/s | lost |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, label in PATHS:
+        offs, ons = results[(kind, "off")], results[(kind, "on")]
+        for index, (off, on) in enumerate(zip(offs, ons, strict=True), 1):
+            lost = 1 - on.rps / off.rps if off.rps else float("nan")
+            flags = " (errors!)" if off.flagged or on.flagged else ""
+            print(
+                f"| {label} | {index} | {off.proxy_cpu_us or 0:.0f} | {on.proxy_cpu_us or 0:.0f}"
+                f" | {off.rps:,.0f} | {on.rps:,.0f} | {lost:.1%}{flags} |"
+            )
+    print(
+        f"\nMedians of {pairs} interleaved pair(s); throughput lost = 1 - median on req/s"
+        " ÷ median off req/s (the same run's baseline)."
+    )
+    print(
+        "\n| path | off: CPU µs/req | on: CPU µs/req | extra CPU µs/req"
+        " | off: req/s | on: req/s | throughput lost | CPU-based loss |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, label in PATHS:
+        offs, ons = results[(kind, "off")], results[(kind, "on")]
+        off_cpu = statistics.median(m.proxy_cpu_us or 0.0 for m in offs)
+        on_cpu = statistics.median(m.proxy_cpu_us or 0.0 for m in ons)
+        off_rps = statistics.median(m.rps for m in offs)
+        on_rps = statistics.median(m.rps for m in ons)
+        lost = 1 - on_rps / off_rps if off_rps else float("nan")
+        cpu_lost = 1 - off_cpu / on_cpu if on_cpu else float("nan")
+        verdict = "PASS" if lost < 0.10 else "MISS"
+        flagged = any(m.flagged for m in (*offs, *ons))
+        print(
+            f"| {label} | {off_cpu:.0f} | {on_cpu:.0f} | {on_cpu - off_cpu:+.0f}"
+            f" | {off_rps:,.0f} | {on_rps:,.0f} | {lost:.1%} ({verdict} < 10%)"
+            f"{' (errors!)' if flagged else ''} | {cpu_lost:.1%} |"
+        )
+    warnings = [
+        f"{m.label}: {warning}" for runs in results.values() for m in runs for warning in m.warnings
+    ]
+    if warnings:
+        print("\nDisturbed runs (figures suspect):")
+        for warning in warnings:
+            print(f"  - {warning}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
+    pairs, rest = _pairs(sys.argv[1:] if argv is None else argv)
+    options = parse_args([*DEFAULTS, *rest])
     wrk = ensure_binary("wrk", ["wrk"], options.install)
     if wrk is None:
         print("wrk is required (apt-get install -y wrk)", file=sys.stderr)
         return 1
-    results: dict[tuple[str, str], Measurement] = {}
-    with tempfile.TemporaryDirectory(prefix="payonce-obs-bench-") as tmp:
+    results: dict[tuple[str, str], list[Measurement]] = {
+        (kind, variant): [] for kind, _ in PATHS for variant in VARIANTS
+    }
+    with tempfile.TemporaryDirectory(prefix="payonce-obs-bench-", dir=options.tmp_root) as tmp:
         workdir = Path(tmp)
         bench = Bench(options, wrk, workdir, Pinning.for_machine(options.pin))
         print(f"# pinning: {bench.pinning.describe()}")
+        print(f"# start: {_load()}")
+        print(
+            f"# {pairs} pair(s) per path, {options.warmup}s warmup + {options.duration}s"
+            f" timed, {options.connections} connections"
+        )
         bench.start_sim()
         try:
-            variants = {
-                "off": ["--no-metrics", "--no-otel"],
-                "on": ["--call-log", str(workdir / "calls.jsonl")],
-            }
-            for variant, flags in variants.items():
-                with gateway(bench, f"gateway-{variant}", flags) as (service, url):
-                    for kind, label in (("nokey", "no key"), ("first", "keyed first call")):
-                        target = Target(
-                            f"{kind}-{variant}", f"{label}, observability {variant}", url,
-                            Load(kind), service,
-                        )  # fmt: skip
-                        results[(kind, variant)] = bench.measure(target)
+            with contextlib.ExitStack() as stack:
+                flags = {
+                    "off": ["--no-metrics", "--no-otel"],
+                    "on": ["--call-log", str(workdir / "calls.jsonl")],
+                }
+                gateways = {
+                    variant: stack.enter_context(
+                        gateway(bench, f"gateway-{variant}", flags[variant])
+                    )
+                    for variant in VARIANTS
+                }
+                for index in range(1, pairs + 1):
+                    for kind, label in PATHS:
+                        for variant, (service, url) in gateways.items():
+                            target = Target(
+                                f"{kind}-{variant}",
+                                f"{label}, observability {variant} (pair {index})",
+                                url,
+                                Load(kind),
+                                service,
+                            )
+                            results[(kind, variant)].append(bench.measure(target))
         finally:
             assert bench.sim is not None
             bench.sim.stop()
         lines = (workdir / "calls.jsonl").read_bytes().count(b"\n")
-    print(
-        "\n| path | off: req/s | on: req/s | throughput lost | off: CPU µs/req | on: CPU µs/req |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    for kind, label in (("nokey", "no key"), ("first", "keyed first call (SQLite)")):
-        off, on = results[(kind, "off")], results[(kind, "on")]
-        lost = 1 - on.rps / off.rps if off.rps else float("nan")
-        verdict = "PASS" if lost < 0.10 else "MISS"
-        print(
-            f"| {label} | {off.rps:,.0f} | {on.rps:,.0f} | {lost:.1%} ({verdict} < 10%) |"
-            f" {off.proxy_cpu_us or 0:.0f} | {on.proxy_cpu_us or 0:.0f} |"
-        )
+    print(f"# end: {_load()}")
+    print_results(results, pairs)
     print(f"\ncall log lines written with observability on: {lines:,}")
     return 0
 
