@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from payonce.observe.metrics import Metrics
+from tests.support.apt import installed
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "payonce.json"
@@ -300,28 +300,23 @@ def test_the_check_catches_a_name_the_gateway_does_not_export() -> None:
 
 # ---------------------------------------------------------------- Prometheus's own checks
 
-promtool = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool is not installed")
-
 
 def run_promtool(*args: str | Path) -> None:
-    assert promtool is not None
+    # Debian's prometheus package carries promtool (installed on first use, as root).
+    promtool = installed(["promtool"], "prometheus", required=False)
     result = subprocess.run([promtool, *map(str, args)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@needs_promtool
 def test_promtool_accepts_the_scrape_config_and_rules() -> None:
     run_promtool("check", "config", SCRAPE_CONFIG)
     run_promtool("check", "rules", RULES)
 
 
-@needs_promtool
 def test_rules_fire_when_the_numbers_move() -> None:
     run_promtool("test", "rules", RULES_TESTS)
 
 
-@needs_promtool
 def test_promtool_parses_every_dashboard_expression(tmp_path: Path) -> None:
     # Grafana's variables replaced as Grafana would; written as recording rules (JSON is YAML).
     substitutions = {"$__rate_interval": "1m", "$__range": "1d", "$model": ".*"}

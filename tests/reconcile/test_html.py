@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import struct
 import subprocess
 import zlib
@@ -16,33 +14,14 @@ from payonce.reconcile.alerts import Thresholds, evaluate
 from payonce.reconcile.html import render_html
 from payonce.reconcile.run import reconcile
 from tests.reconcile import data
+from tests.support.apt import installed
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
-def _find_browser() -> str | None:
-    for name in _BROWSERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
 def chromium() -> str:
     """Chromium's path, installing Debian's package when it is missing (as root)."""
-    found = _find_browser()
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium is not installed and cannot be installed (needs root and apt-get)")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"chromium could not be installed: {done.stderr.strip()[-300:]}")
-    found = _find_browser()
-    if not found:
-        pytest.skip("chromium could not be found after installing it")
-    return found
+    return installed(_BROWSERS, "chromium", required=False)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ fixtures (``tests/store/conftest.py`` has them).
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -23,33 +21,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+from tests.support.apt import installed
 
 __all__ = ["RedisCluster", "RedisServer", "redis_binaries", "running_cluster", "running_redis"]
-
-_INSTALL_HINT = "install it with `apt-get install -y redis-server` (Redis 7 or later)"
 
 
 def redis_binaries() -> tuple[str, str]:
     """Paths of ``redis-server`` and ``redis-cli``, installing them with apt when missing."""
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if server and cli:
-        return server, cli
-    if os.geteuid() != 0:
-        pytest.fail(
-            f"redis-server is needed by the Redis store tests and is missing: {_INSTALL_HINT}"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]
-    if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            pytest.fail(f"could not install redis-server ({_INSTALL_HINT}):\n{done.stderr}")
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if not (server and cli):
-        pytest.fail(f"redis-server still missing after apt-get install: {_INSTALL_HINT}")
-    return server, cli
+    server = installed(["redis-server"], "redis-server", required=True)
+    return server, installed(["redis-cli"], "redis-server", required=True)
 
 
 def _port_is_free(port: int) -> bool:

@@ -1,0 +1,57 @@
+"""Programs the tests drive (redis-server, chromium, promtool), installed with apt when missing.
+
+CI runs as root on Debian, so a missing program is installed rather than its tests
+skipped. Where installing is impossible (not root, no apt-get) the caller decides:
+Redis tests fail (they must never skip), optional checks skip with the reason.
+An attempted install that fails always fails the test, with apt's message.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+import pytest
+
+__all__ = ["installed"]
+
+
+def _find(commands: Sequence[str]) -> str | None:
+    for command in commands:
+        found = shutil.which(command)
+        if found:
+            return found
+    return None
+
+
+def installed(commands: Sequence[str], package: str, *, required: bool) -> str:
+    """The path of the first of ``commands`` found, installing ``package`` if none is.
+
+    When none is found and apt cannot be used, the test fails if ``required``, else
+    it is skipped.
+    """
+    found = _find(commands)
+    if found:
+        return found
+    hint = f"install it with `apt-get install -y {package}`"
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        message = f"{commands[0]} is missing and cannot be installed here (needs root): {hint}"
+        if required:
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
+    if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
+        # The package lists of a fresh machine may be missing or stale.
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=False)
+        done = subprocess.run(
+            install, env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+        if done.returncode != 0:
+            pytest.fail(f"could not install {package} ({hint}):\n{done.stderr[-2000:]}")
+    found = _find(commands)
+    if not found:
+        pytest.fail(f"{commands[0]} is still missing after installing {package}: {hint}")
+    return found
