@@ -158,7 +158,7 @@ class Gateway:
         # The tenant hash is needed by keyed requests and by the call log and spans.
         observer = self.observer
         logged = observer.call_log is not None or observer.tracing is not None
-        tenant = self.tenant(headers) if logged else ""
+        tenant = self._tenants.of(headers) if logged else ""
         record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)
         try:

@@ -75,7 +75,8 @@ class _Buckets:
 
     def __init__(self, histogram: Histogram, bounds: tuple[float, ...]) -> None:
         self.histogram = histogram
-        self.bounds = bounds
+        # Floats: bisect compares each one with a float, and float < int is the slow path.
+        self.bounds = tuple(float(bound) for bound in bounds)
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
 
@@ -235,8 +236,11 @@ class Metrics:
         status = facts.status
         child = self._upstream_statuses.get(status) or self.upstream_child(status)
         counts[child] = counts.get(child, 0.0) + 1.0
-        if facts.latency is not None:
-            self.upstream_latency_buckets.observe(facts.latency)
+        latency = facts.latency
+        if latency is not None:  # _Buckets.observe, inlined
+            buckets = self.upstream_latency_buckets
+            buckets.counts[bisect_left(buckets.bounds, latency)] += 1
+            buckets.total += latency
         usage = facts.usage
         if usage:
             child = self.spent_input
@@ -268,7 +272,12 @@ class Metrics:
         latency = record.upstream_latency
         if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
             overhead = finished - record.started - latency
-            self.overhead_buckets.observe(overhead if overhead > 0.0 else 0.0)
+            if overhead > 0.0:  # _Buckets.observe, inlined (0 adds nothing to the sum)
+                buckets = self.overhead_buckets
+                buckets.counts[bisect_left(buckets.bounds, overhead)] += 1
+                buckets.total += overhead
+            else:
+                self.overhead_buckets.counts[0] += 1
 
     def _apply_answered(self) -> None:
         answered, self._answered = self._answered, {}
