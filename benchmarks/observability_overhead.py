@@ -201,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             assert bench.sim is not None
             bench.sim.stop()
-        lines = (workdir / "calls.jsonl").read_bytes().count(b"\n")
+        # The log rotates at 100 MiB (calls.jsonl.1, ...): count every file.
+        lines = sum(path.read_bytes().count(b"\n") for path in workdir.glob("calls.jsonl*"))
     print(f"# end: {_load()}")
     print_results(results, pairs)
     print(f"\ncall log lines written with observability on: {lines:,}")
