@@ -39,22 +39,27 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gateway_overhead import (
+    CHAT_PATH,
     Bench,
     Load,
     Measurement,
     Pinning,
     Service,
     Target,
+    WrkResult,
+    cpu_us,
     ensure_binary,
     free_port,
     parse_args,
     payonce_command,
+    run_wrk,
     start_service,
     wait_ready,
 )
@@ -155,6 +160,93 @@ def print_results(results: dict[tuple[str, str], list[Measurement]], pairs: int)
             print(f"  - {warning}")
 
 
+class Together:
+    """Both gateways under load at the same moment, sharing the gateway core.
+
+    Interleaved runs take turns, so a machine whose speed drifts (steal time, a
+    neighbour) between one run and the next moves the ratio by as much as the thing
+    measured. Here off and on run side by side on one core, each driven by its own
+    wrk: whatever slows the core slows both alike. Each gateway's CPU per request is
+    its CPU time over its requests in the same window; the throughput a gateway
+    would have alone on the core is the inverse, so the loss is 1 - off ÷ on.
+    """
+
+    def __init__(self) -> None:
+        self.rounds: dict[str, list[tuple[float, float, float, float]]] = {}
+
+    def measure(self, bench: Bench, kind: str, gateways: dict[str, tuple[Service, str]]) -> None:
+        options = bench.options
+        load = Load(kind)
+
+        def drive(seconds: int) -> dict[str, WrkResult]:
+            results: dict[str, WrkResult] = {}
+
+            def one(variant: str, url: str) -> None:
+                results[variant] = run_wrk(
+                    bench.wrk,
+                    url + CHAT_PATH,
+                    load,
+                    seconds=seconds,
+                    connections=options.connections,
+                    threads=options.threads,
+                    core=bench.pinning.load,
+                    workdir=bench.workdir,
+                )
+
+            threads = [
+                threading.Thread(target=one, args=(variant, url))
+                for variant, (_, url) in gateways.items()
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return results
+
+        if options.warmup > 0:
+            drive(options.warmup)
+        before = {variant: cpu_us(service.pid) for variant, (service, _) in gateways.items()}
+        results = drive(options.duration)
+        per_request = {
+            variant: (cpu_us(service.pid) - before[variant]) / max(1, results[variant].requests)
+            for variant, (service, _) in gateways.items()
+        }
+        errors = sum(result.errors for result in results.values())
+        if errors:
+            print(f"#   errors while both ran: {errors}", flush=True)
+        row = (per_request["off"], per_request["on"], results["off"].rps, results["on"].rps)
+        self.rounds.setdefault(kind, []).append(row)
+        print(
+            f"#   together: off {row[0]:.0f} µs/req {row[2]:,.0f} req/s,"
+            f" on {row[1]:.0f} µs/req {row[3]:,.0f} req/s",
+            flush=True,
+        )
+
+    def print(self) -> None:
+        print(
+            "\nSide by side on the gateway core (both loaded at once; medians of the rounds):"
+            "\n\n| path | rounds | off: CPU µs/req | on: CPU µs/req | extra CPU µs/req"
+            " | throughput lost (CPU) | per round | off: req/s | on: req/s |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+        for kind, label in PATHS:
+            rounds = self.rounds.get(kind, [])
+            if not rounds:
+                continue
+            losses = [1 - off / on for off, on, _, _ in rounds]
+            off_cpu = statistics.median(r[0] for r in rounds)
+            on_cpu = statistics.median(r[1] for r in rounds)
+            lost = statistics.median(losses)
+            verdict = "PASS" if lost < 0.10 else "MISS"
+            print(
+                f"| {label} | {len(rounds)} | {off_cpu:.0f} | {on_cpu:.0f}"
+                f" | {on_cpu - off_cpu:+.0f} | {lost:.1%} ({verdict} < 10%)"
+                f" | {', '.join(f'{loss:.1%}' for loss in losses)}"
+                f" | {statistics.median(r[2] for r in rounds):,.0f}"
+                f" | {statistics.median(r[3] for r in rounds):,.0f} |"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     pairs, rest = _pairs(sys.argv[1:] if argv is None else argv)
     options = parse_args([*DEFAULTS, *rest])
@@ -165,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[tuple[str, str], list[Measurement]] = {
         (kind, variant): [] for kind, _ in PATHS for variant in VARIANTS
     }
+    together = Together()
     with tempfile.TemporaryDirectory(prefix="payonce-obs-bench-", dir=options.tmp_root) as tmp:
         workdir = Path(tmp)
         bench = Bench(options, wrk, workdir, Pinning.for_machine(options.pin))
@@ -198,6 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 service,
                             )
                             results[(kind, variant)].append(bench.measure(target))
+                for index in range(1, pairs + 1):
+                    for kind, label in PATHS:
+                        print(f"# {label}: both at once (round {index}) ...", flush=True)
+                        together.measure(bench, kind, gateways)
         finally:
             assert bench.sim is not None
             bench.sim.stop()
@@ -205,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = sum(path.read_bytes().count(b"\n") for path in workdir.glob("calls.jsonl*"))
     print(f"# end: {_load()}")
     print_results(results, pairs)
+    together.print()
     print(f"\ncall log lines written with observability on: {lines:,}")
     return 0
 
