@@ -15,14 +15,18 @@ For the no-key pass-through and the keyed first call (SQLite) the runs are inter
 alike. It reports, per path, each run's gateway CPU µs per request and requests/s, the
 medians, and the throughput lost with observability on as a ratio against the "off"
 runs of the same invocation (median of on ÷ median of off), and the median of the
-pairs' own ratios (each pair ran back to back). Target: under 10% loss. CPU per
-request is the steadier figure on a shared machine; check the load average printed at
-the start and end, and the disturbed runs listed at the bottom (steal time, strangers
-on the gateway core).
+pairs' own ratios (each pair ran back to back). Then, ``--pairs`` rounds again, it
+loads **both gateways at once** on the gateway core, each under its own wrk: the
+machine's drift hits both alike, and each one's CPU per request in the same window
+gives the loss (see ``Together``); this is the steadier figure on a machine whose
+speed moves between runs. Target: under 10% loss. In the interleaved runs CPU per
+request is steadier than requests/s; check the load average printed at the start
+and end, and the disturbed runs listed at the bottom (steal time, strangers on the
+gateway core).
 
 Usage::
 
-    .venv/bin/python benchmarks/observability_overhead.py             # 3 pairs, ~2 min
+    .venv/bin/python benchmarks/observability_overhead.py             # 3 pairs, ~3 min
     .venv/bin/python benchmarks/observability_overhead.py --pairs 5
     .venv/bin/python benchmarks/observability_overhead.py --quick     # smoke run
 
