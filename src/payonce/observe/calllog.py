@@ -88,15 +88,13 @@ class CallRecord:
             cached, reasoning = get("cached_input_tokens"), get("reasoning_tokens")
         else:
             input_tokens = output_tokens = cached = reasoning = None
-        key = self.key
-        client_retry = self.client_retry
         upstream_latency = self.upstream_latency
         return orjson.dumps(
             {
                 "v": SCHEMA_VERSION,
                 "ts": _timestamp(now),
                 "request_id": self.request_id,
-                "key": key,
+                "key": self.key,
                 "tenant": self.tenant,
                 "method": self.method,
                 "path": self.path,
@@ -107,8 +105,8 @@ class CallRecord:
                 "upstream_status": self.upstream_status,
                 "upstream_request_id": self.upstream_request_id,
                 "upstream_attempts": self.upstream_attempts,
-                "client_retry": client_retry,
-                "unprotected_retry": key is None and client_retry is not None and client_retry > 0,
+                "client_retry": self.client_retry,
+                "unprotected_retry": self.unprotected_retry,
                 "store_bypassed": self.store_bypassed,
                 "input_tokens": input_tokens,
                 "output_tokens": output_tokens,

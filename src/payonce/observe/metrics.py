@@ -267,7 +267,7 @@ class Metrics:
         answered = self._answered
         key = (outcome, record.status)
         answered[key] = answered.get(key, 0) + 1
-        if record.key is None and record.client_retry is not None and record.client_retry > 0:
+        if record.unprotected_retry:
             self.deferred.add(self.unprotected_retries)
         latency = record.upstream_latency
         if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
