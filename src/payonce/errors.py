@@ -8,6 +8,7 @@
     │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
     │   ├── BodyTooLarge (ValueError)           413, never retry
+    │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── NotFound (LookupError)              404
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── FingerprintMismatch (ValueError)    422, never retry
@@ -24,6 +25,7 @@ module that calls them, with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "BadRequestTarget",
     "BodyTooLarge",
     "ConfigError",
     "FingerprintMismatch",
@@ -89,6 +91,12 @@ class IdempotencyKeyRequired(ProblemError, ValueError):
 
 class BodyTooLarge(ProblemError, ValueError):
     status, slug, title, should_retry = 413, "body-too-large", "Request body too large", False
+
+
+class BadRequestTarget(ProblemError, ValueError):
+    # RFC 9112 section 3.2: only OPTIONS may use the asterisk form, and a proxied
+    # request needs a path to send upstream (origin or absolute form).
+    status, slug, title, should_retry = 400, "bad-request-target", "Bad request target", False
 
 
 class NotFound(ProblemError, LookupError):

@@ -28,6 +28,7 @@ from typing import Any
 from payonce.clock import Clock, SystemClock
 from payonce.config import GatewaySettings
 from payonce.errors import (
+    BadRequestTarget,
     FingerprintMismatch,
     IdempotencyKeyRequired,
     InvalidIdempotencyKey,
@@ -36,7 +37,17 @@ from payonce.errors import (
     StoreUnavailable,
 )
 from payonce.gateway import admin
-from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
+from payonce.gateway.asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    break_response,
+    broken_reason,
+    problem_response,
+    read_body,
+    send_response,
+)
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
 from payonce.gateway.keys import Tenants, fingerprint, read_key
 from payonce.gateway.live import LiveStream
@@ -68,6 +79,8 @@ _JOINED = (b"idempotent-replayed", b"true")
 _NOT_REPLAYED = (b"idempotent-replayed", b"false")
 _VIA = (b"via", b"1.1 payonce")
 _REPLAY_FLUSH_SECONDS = 1.0
+# What OPTIONS * (a question about the server itself, RFC 9110 section 9.3.7) is told.
+_ALLOW = (b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 
 
 async def _send_replay(send: Send, replay: CachedReplay) -> None:
@@ -148,6 +161,9 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan and websockets: nothing to do (the server runs lifespan="off")
+        if scope["path"][:1] != "/":
+            await self._asterisk(scope, send)
+            return
         if scope["path"].startswith("/_payonce/"):
             try:
                 await admin.handle(self, scope, receive, send)
@@ -167,13 +183,46 @@ class Gateway:
             record.outcome, record.status = "rejected", 499
         except ProblemError as exc:
             record.outcome = outcome_of(exc)
-            await problem_response(send, exc, scope["path"])
-        except Exception:
+            if record.response_started:
+                # An unkeyed stream whose upstream died: its head is gone, so
+                # the client can only be shown a broken body.
+                break_response(exc.detail)
+            else:
+                await problem_response(send, exc, scope["path"])
+        except Exception as exc:
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            error = ProblemError("the gateway failed unexpectedly; see its log")
-            await problem_response(send, error, scope["path"])
+            if record.response_started:
+                break_response(f"unexpected {exc.__class__.__name__}")
+            else:
+                error = ProblemError("the gateway failed unexpectedly; see its log")
+                await problem_response(send, error, scope["path"])
         finally:
+            reason = broken_reason()
+            if reason is not None:
+                # A keyed run logs its own upstream failure once, however many
+                # clients follow it; an unkeyed one has only this line.
+                log.log(
+                    logging.WARNING if record.key is None else logging.DEBUG,
+                    "%s %s%s: the upstream response broke off %s; the client got a broken stream",
+                    scope["method"],
+                    scope["path"],
+                    f" (Idempotency-Key {record.key!r})" if record.key is not None else "",
+                    reason,
+                )
             self.observer.finish(record)
+
+    @staticmethod
+    async def _asterisk(scope: Scope, send: Send) -> None:
+        # The asterisk form (RFC 9112 section 3.2.4) asks about the server, not a
+        # resource: no upstream URL can be built from it, so the gateway answers.
+        if scope["method"] == "OPTIONS" and scope["path"] == "*":
+            await send_response(send, 200, [_ALLOW], b"")
+            return
+        error = BadRequestTarget(
+            f"{scope['method']} {scope['path']!r}: the request target must be a path"
+            " (only OPTIONS may use '*')"
+        )
+        await problem_response(send, error)
 
     def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
         return self._tenants.of(headers)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from contextvars import ContextVar
 from typing import Any
 
 from payonce.errors import BodyTooLarge, ProblemError
 
 __all__ = [
+    "BROKEN_ON_PURPOSE",
     "Receive",
     "Scope",
     "Send",
+    "break_response",
+    "broken_reason",
     "problem_response",
     "read_body",
     "send_json",
@@ -23,6 +27,32 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+# Why the current request's response was left unfinished on purpose, if it was.
+# A context variable because the request's task is the one uvicorn logs from
+# after the app returns: setting it in the app is visible there.
+_broken: ContextVar[str | None] = ContextVar("payonce_broken_response", default=None)
+
+# What uvicorn logs when an app returns after starting a response it did not end.
+BROKEN_ON_PURPOSE = "ASGI callable returned without completing response"
+
+
+def break_response(reason: str) -> None:
+    """Leave the current response without its last chunk: the client sees a broken body.
+
+    ASGI has no abort message. An app that returns without the final body
+    message makes the server close the connection mid-body, which is how a
+    client learns that a stream broke off rather than ended (a clean end would
+    hand it a short answer as if it were whole). The reason is logged once, by
+    the gateway; the server's own generic complaint is filtered out.
+    """
+    _broken.set(reason)
+
+
+def broken_reason() -> str | None:
+    """The reason given to :func:`break_response` in this request, if any."""
+    return _broken.get()
 
 
 class ClientGone(Exception):

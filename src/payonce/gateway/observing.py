@@ -119,6 +119,7 @@ class Observer:
         async def observed(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
+                record.response_started = True
                 # A copy: cached replays share their header list between requests.
                 message = {
                     **message,

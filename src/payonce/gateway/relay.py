@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from payonce.gateway.asgi import Receive, Send, send_response
+from payonce.gateway.asgi import Receive, Send, break_response, send_response
 from payonce.gateway.live import LiveStream
 from payonce.gateway.sse import numbered
 from payonce.gateway.upstream import UpstreamResponse
@@ -82,9 +82,10 @@ async def _pump(
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if gone():
                     return False
-    except ConnectionError:
+    except ConnectionError as exc:
         # The upstream died mid-stream: end without the final chunk, so the
         # client sees a broken stream rather than a short, clean one.
+        break_response(f"after event {number}: {exc}")
         return False
     return True
 

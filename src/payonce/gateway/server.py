@@ -22,6 +22,7 @@ from payonce.clock import Clock
 from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
+from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog
 from payonce.observe.pricing import install_prices, load_prices
@@ -49,6 +50,19 @@ class _Server(uvicorn.Server):
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+
+
+class _BrokenOnPurpose(logging.Filter):
+    """Drop uvicorn's complaint about a response the gateway broke off on purpose.
+
+    A stream whose upstream died is ended without its last chunk so the client
+    sees it broken (:func:`payonce.gateway.asgi.break_response`); the gateway
+    logs that in one line of its own. uvicorn's generic error about the same
+    response would only mislead. Any other unfinished response is still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return broken_reason() is None or not record.getMessage().startswith(BROKEN_ON_PURPOSE)
 
 
 @contextlib.asynccontextmanager
@@ -134,6 +148,8 @@ async def serve(
                 proxy_headers=False,  # the gateway never reads the client address
                 timeout_graceful_shutdown=5,
             )
+            # After the Config: it (re)configures uvicorn's loggers.
+            logging.getLogger("uvicorn.error").addFilter(_BrokenOnPurpose())
             server = _Server(config)
             housekeeping = asyncio.create_task(gateway.background())
             # Start-up objects never die: keep them out of every collection, and

@@ -69,6 +69,8 @@ class CallRecord:
     extra: dict[str, object] = field(default_factory=dict)
     # A keyed request forwarded unprotected: the store was down (--on-store-failure open).
     store_bypassed: bool = False
+    # The response's head went out: from then on an error can only break the body.
+    response_started: bool = False
 
     @property
     def unprotected_retry(self) -> bool:
