@@ -91,7 +91,7 @@ def test_a_scripted_scenario_is_counted_exactly(
         ["forwarded", "replayed", "replayed", "mismatch", "forwarded", "joined", "joined",
          "passthrough", "passthrough", "rejected"]
     )  # fmt: skip
-    assert all(line["v"] == 1 and line["tenant"] and "Bearer" not in str(line) for line in lines)
+    assert all(line["v"] == 2 and line["tenant"] and "Bearer" not in str(line) for line in lines)
     assert len({line["request_id"] for line in lines}) == len(lines)
     billed_ids = {entry["provider_request_id"] for entry in ledger["entries"]}
     forwarded = [line for line in lines if line["outcome"] in ("forwarded", "passthrough")]

@@ -40,7 +40,7 @@ def test_a_line_is_one_json_object_with_exactly_the_documented_fields_in_order()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     document = orjson.loads(line)
     assert list(document) == documented_fields()
-    assert len(documented_fields()) == 25
+    assert len(documented_fields()) == 27
 
 
 def test_every_field_of_a_forwarded_request() -> None:
@@ -59,7 +59,7 @@ def test_every_field_of_a_forwarded_request() -> None:
         upstream_latency=0.0123456,
     ).line(100.0021234, 1_700_000_000.5)
     assert orjson.loads(line) == {
-        "v": 1,
+        "v": 2,
         "ts": "2023-11-14T22:13:20.500Z",
         "request_id": "00000000000000ff",
         "key": "order-42",
@@ -70,9 +70,11 @@ def test_every_field_of_a_forwarded_request() -> None:
         "stream": True,
         "outcome": "forwarded",
         "status": 200,
+        "client_disconnected": False,
         "upstream_status": 200,
         "upstream_request_id": "chatcmpl-1",
         "upstream_attempts": 2,
+        "upstream_cancelled": False,
         "client_retry": 0,
         "unprotected_retry": False,
         "store_bypassed": False,
@@ -214,13 +216,16 @@ def test_the_counts_of_answered_requests_and_upstream_calls() -> None:
     observer.upstream_call(gpt, "/v1/chat/completions")
     observer.upstream_call(UpstreamFacts(status=200, model="mystery"), "/v1/x")
     observer.upstream_call(UpstreamFacts(status=None, latency=1.0), "/v1/x")
+    observer.upstream_call(UpstreamFacts(status=None, cancelled=True, attempts=1), "/v1/x")
     text = metrics.render().decode()
     assert metric(text, "payonce_requests_total", outcome="forwarded", status_class="2xx") == 1
     assert metric(text, "payonce_requests_total", outcome="replayed", status_class="2xx") == 2
     assert metric(text, "payonce_requests_total", outcome="joined", status_class="2xx") == 1
     assert metric(text, "payonce_requests_total", outcome="error", status_class="5xx") == 2
     assert metric(text, "payonce_requests_total", outcome="passthrough", status_class="2xx") == 2
-    assert metric(text, "payonce_requests_total", outcome="rejected", status_class="4xx") == 1
+    # A client that left is not a 4xx answer it received: a class of its own.
+    assert metric(text, "payonce_requests_total", outcome="rejected", status_class="499") == 1
+    assert metric(text, "payonce_requests_total", outcome="rejected", status_class="4xx") == 0
     assert metric(text, "payonce_duplicates_prevented_total", kind="replayed") == 2
     assert metric(text, "payonce_duplicates_prevented_total", kind="joined") == 1
     assert metric(text, "payonce_store_errors_total") == 1
@@ -229,6 +234,7 @@ def test_the_counts_of_answered_requests_and_upstream_calls() -> None:
     assert metric(text, "payonce_in_flight_requests") == 0
     assert metric(text, "payonce_upstream_calls_total", status="200") == 3
     assert metric(text, "payonce_upstream_calls_total", status="error") == 1
+    assert metric(text, "payonce_upstream_calls_total", status="cancelled") == 1
     assert metric(text, "payonce_upstream_latency_seconds_count") == 3
     assert metric(text, "payonce_upstream_latency_seconds_sum") == pytest.approx(1.04)
     assert metric(text, "payonce_tokens_total", kind="spent", direction="input") == 6

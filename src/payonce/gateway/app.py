@@ -44,6 +44,7 @@ from payonce.gateway.asgi import (
     Send,
     break_response,
     broken_reason,
+    client_left,
     problem_response,
     read_body,
     send_response,
@@ -62,13 +63,13 @@ from payonce.gateway.pending import PendingWrites
 from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
-from payonce.gateway.sse import is_event_stream
+from payonce.gateway.sse import StreamId, is_event_stream
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.pricing import cost_of
 from payonce.observe.tracing import open_tracing
-from payonce.observe.usage import model_and_usage
+from payonce.observe.usage import model_usage_and_id
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
 __all__ = ["Gateway"]
@@ -98,7 +99,8 @@ def _facts_of(record: Record) -> UpstreamFacts:
         facts.request_id = provider_request_id(response.headers)
         facts.stream = response.stream
         if not response.stream:
-            facts.model = model_and_usage(response.body, response.headers)[0]
+            facts.model, _, body_id = model_usage_and_id(response.body, response.headers)
+            facts.request_id = facts.request_id or body_id
     return facts
 
 
@@ -177,10 +179,12 @@ class Gateway:
         tenant = self._tenants.of(headers) if logged else ""
         record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)
+        run: Execution | None = None
         try:
-            await self._proxy(scope, receive, send, record)
+            run = await self._proxy(scope, receive, send, record)
         except ClientGone:
             record.outcome, record.status = "rejected", 499
+            record.client_disconnected = True
         except ProblemError as exc:
             record.outcome = outcome_of(exc)
             if record.response_started:
@@ -209,7 +213,27 @@ class Gateway:
                     f" (Idempotency-Key {record.key!r})" if record.key is not None else "",
                     reason,
                 )
-            self.observer.finish(record)
+            self._finish(record, receive, run)
+
+    def _finish(self, record: CallRecord, receive: Receive, run: Execution | None) -> None:
+        """Log and count a request as what its client received (docs/call-log.md)."""
+        if client_left(receive):
+            # Whatever was sent after it left went nowhere: nginx's 499.
+            record.status, record.client_disconnected = 499, True
+            task = run.task if run is not None else None
+            if task is not None and not task.done():
+                # A stream whose client left goes on for the retry: its line waits
+                # for the run, so it says what the call did upstream and cost.
+                finished = time.perf_counter()
+
+                def settled(_: object) -> None:
+                    assert run is not None
+                    self.observer.apply(record, run.facts, saved=False)
+                    self.observer.finish(record, finished)
+
+                task.add_done_callback(settled)
+                return
+        self.observer.finish(record)
 
     @staticmethod
     async def _asterisk(scope: Scope, send: Send) -> None:
@@ -227,7 +251,10 @@ class Gateway:
     def tenant(self, headers: list[tuple[bytes, bytes]]) -> str:
         return self._tenants.of(headers)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send, record: CallRecord) -> None:
+    async def _proxy(
+        self, scope: Scope, receive: Receive, send: Send, record: CallRecord
+    ) -> Execution | None:
+        """Answer one proxied request; returns the keyed run it started, if any."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = read_key(headers, self._key_headers)
         record.key = key
@@ -248,8 +275,8 @@ class Gateway:
         if key is None:
             record.outcome = "passthrough"
             await self._pass_through(request, receive, send, record)
-        else:
-            await self._keyed(key, request, receive, send, record)
+            return None
+        return await self._keyed(key, request, receive, send, record)
 
     async def _pass_through(
         self, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
@@ -291,6 +318,9 @@ class Gateway:
         facts = UpstreamFacts(started=time.perf_counter())
         try:
             await self._relay_unkeyed(request, send, facts)
+        except asyncio.CancelledError:
+            facts.cancelled = True  # its client left (--on-disconnect cancel) or shutdown
+            raise
         finally:
             facts.latency = time.perf_counter() - facts.started
             self.observer.upstream_call(facts, request.raw_path)
@@ -305,12 +335,14 @@ class Gateway:
             request.query,
             request.upstream_headers(),
             request.body,
+            on_attempt=facts.sent,
         ) as response:
             facts.status, facts.attempts = response.status, response.attempts
             facts.request_id = provider_request_id(response.headers)
             if not is_event_stream(response.content_type):
                 body = await response.read()
-                facts.model, facts.usage = model_and_usage(body, response.headers)
+                facts.model, facts.usage, body_id = model_usage_and_id(body, response.headers)
+                facts.request_id = facts.request_id or body_id
                 facts.cost_usd = cost_of(facts.model, facts.usage)
                 await send_whole(
                     send, StoredResponse(response.status, response.headers, body), _VIA
@@ -323,7 +355,11 @@ class Gateway:
             await send(
                 {"type": "http.response.start", "status": response.status, "headers": headers}
             )
+            # Without a request-id header, the stream's own id is the join key.
+            stream_id = StreamId() if facts.request_id is None else None
             async for chunk in response.chunks():
+                if stream_id is not None and stream_id.feed(chunk):
+                    facts.request_id, stream_id = stream_id.value, None
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
@@ -361,7 +397,7 @@ class Gateway:
 
     async def _keyed(
         self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
-    ) -> None:
+    ) -> Execution | None:
         tenant = record.tenant = record.tenant or self.tenant(request.headers)
         print_ = fingerprint(
             request.method,
@@ -377,7 +413,7 @@ class Gateway:
             record.outcome = "replayed"
             self.observer.apply(record, cached.facts, saved=True)
             await _send_replay(send, cached)
-            return
+            return None
         after = _last_event_id(request.headers)
         settings = self.settings
         loop = asyncio.get_running_loop()
@@ -394,14 +430,14 @@ class Gateway:
                     await self._answer(send, receive, head, _JOINED, after, local)
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
-                return
+                return None
             try:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
                 )
             except StoreUnavailable as exc:
                 await self._forward_unprotected(request, receive, send, record, exc)
-                return
+                return None
             if claim.status is ClaimStatus.ACQUIRED:
                 record.outcome = "forwarded"
                 execution = self._execute(claim.record, request)
@@ -412,7 +448,7 @@ class Gateway:
                     )
                 finally:
                     self.observer.apply(record, execution.facts, saved=False)
-                return
+                return execution
             stored = claim.record
             if claim.status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
@@ -423,7 +459,7 @@ class Gateway:
                 record.outcome = "replayed" if claim.status is ClaimStatus.COMPLETED else "joined"
                 self.observer.apply(record, facts, saved=True)
                 await relay_stored(send, receive, self.store, stored, _JOINED, after)
-                return
+                return None
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)
                 assert stored.response is not None
@@ -433,7 +469,7 @@ class Gateway:
                 record.outcome = "replayed"
                 self.observer.apply(record, facts, saved=True)
                 await _send_replay(send, entry)
-                return
+                return None
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
             remaining = deadline - loop.time()
@@ -447,7 +483,7 @@ class Gateway:
                 await self.store.wait(tenant, key, remaining)
             except StoreUnavailable as exc:
                 await self._forward_unprotected(request, receive, send, record, exc)
-                return
+                return None
 
     async def _answer(
         self,

@@ -17,6 +17,7 @@ __all__ = [
     "Send",
     "break_response",
     "broken_reason",
+    "client_left",
     "problem_response",
     "read_body",
     "send_json",
@@ -53,6 +54,21 @@ def break_response(reason: str) -> None:
 def broken_reason() -> str | None:
     """The reason given to :func:`break_response` in this request, if any."""
     return _broken.get()
+
+
+def client_left(receive: Receive) -> bool:
+    """Whether the client disconnected before its response was complete.
+
+    uvicorn (the only server the gateway runs under, gateway/server.py) keeps
+    that fact on the request cycle its ``receive`` belongs to: ``disconnected``
+    is set when the connection is lost before the response is complete, and
+    sends after it are dropped silently. Reading the flag costs nothing, where
+    a task watching ``receive()`` on every request would cost several
+    microseconds. Under another server this answers False (the call log then
+    reports what was sent, as before); the call-log tests pin the behaviour.
+    """
+    cycle = getattr(receive, "__self__", None)
+    return getattr(cycle, "disconnected", False) is True
 
 
 class ClientGone(Exception):

@@ -25,7 +25,7 @@ from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import ask_for_usage, is_event_stream
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
-from payonce.observe.usage import model_and_usage
+from payonce.observe.usage import model_usage_and_id
 from payonce.store import Store, StoredResponse
 
 __all__ = [
@@ -125,6 +125,7 @@ async def run_execution(
                 request.query,
                 request.upstream_headers(),
                 added_usage or body,
+                on_attempt=facts.sent,
             ) as response:
                 facts.status, facts.attempts = response.status, response.attempts
                 facts.request_id = provider_request_id(response.headers)
@@ -198,7 +199,8 @@ async def _settle(
         return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
     facts = execution.facts
-    facts.model, facts.usage = model_and_usage(outcome.body, outcome.headers)
+    facts.model, facts.usage, body_id = model_usage_and_id(outcome.body, outcome.headers)
+    facts.request_id = facts.request_id or body_id
     facts.cost_usd = cost_of(facts.model, facts.usage)
     complete = functools.partial(
         store.complete,

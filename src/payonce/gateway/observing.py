@@ -76,6 +76,12 @@ class UpstreamFacts:
     attempts: int = 0
     stream: bool = False
     started: float = 0.0  # time.perf_counter() when the call began
+    # The gateway stopped the call (its client left, --on-disconnect cancel).
+    cancelled: bool = False
+
+    def sent(self, attempts: int) -> None:
+        """Note that attempt number ``attempts`` is being sent (connect retries count)."""
+        self.attempts = attempts
 
 
 class Observer:
@@ -153,6 +159,7 @@ class Observer:
             record.cost_usd = facts.cost_usd
             record.upstream_attempts = facts.attempts
             record.upstream_latency = facts.latency
+            record.upstream_cancelled = facts.cancelled
 
     def upstream_call(self, facts: UpstreamFacts, path: str) -> None:
         """Count one upstream call: its status, latency, tokens and cost."""
@@ -161,8 +168,10 @@ class Observer:
         if self.metrics is not None:
             self.metrics.upstream_call(facts)
 
-    def finish(self, record: CallRecord) -> None:
-        finished = time.perf_counter()
+    def finish(self, record: CallRecord, finished: float | None = None) -> None:
+        """Log and count a request; ``finished`` (``perf_counter()``) defaults to now."""
+        if finished is None:
+            finished = time.perf_counter()
         if self.call_log is not None:
             self.call_log.write(record.line(finished, self.clock.now()))
         if self.tracing is not None:

@@ -24,7 +24,7 @@ from payonce.errors import ProblemError, StoreUnavailable
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.pending import PendingWrites
-from payonce.gateway.sse import EventSplitter, StreamUsage
+from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
 from payonce.store import Store, StoredResponse
@@ -127,8 +127,15 @@ async def record_stream(
     recorder.begin(response.status, response.headers)
     splitter = EventSplitter()
     usage = StreamUsage()
+    # Without a request-id header, the stream's own id is the join key with the bill.
+    stream_id = None if facts.request_id is not None else StreamId()
 
     async def take(events: list[bytes]) -> None:
+        if stream_id is not None and not stream_id.done:
+            for event in events:
+                if stream_id.feed(event):
+                    facts.request_id = stream_id.value
+                    break
         # The usage chunk the gateway asked for on the client's behalf is not relayed.
         kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
         if kept:

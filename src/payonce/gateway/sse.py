@@ -17,6 +17,7 @@ from payonce.observe.usage import normalise_usage
 
 __all__ = [
     "EventSplitter",
+    "StreamId",
     "StreamUsage",
     "ask_for_usage",
     "is_event_stream",
@@ -25,6 +26,40 @@ __all__ = [
 
 # An event ends at a blank line; the three line endings SSE allows (WHATWG HTML 9.2.5).
 _TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+# The first "id" of a stream is its response's: OpenAI chat chunks start with it,
+# Anthropic's message_start has it first in "message", the Responses API first in
+# "response" of response.created (and llama.cpp, vLLM, TGI follow OpenAI).
+_FIRST_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+_ID_SCAN_BYTES = 8192
+
+
+class StreamId:
+    """The provider's id of a stream, read from its first bytes (issue 13).
+
+    The join key with a bill when the upstream sends no ``x-request-id`` header
+    (llama.cpp's server, many self-hosted ones). Only the first 8 KiB are looked
+    at, chunk by chunk, so a long stream costs nothing more once it is found.
+    """
+
+    __slots__ = ("done", "seen", "value")
+
+    def __init__(self) -> None:
+        self.value: str | None = None
+        self.done = False
+        self.seen = 0
+
+    def feed(self, data: bytes) -> bool:
+        """Look at the next bytes; True once the id is found or the scan gave up."""
+        match = _FIRST_ID.search(data)
+        if match is not None:
+            self.value = match.group(1).decode("utf-8", "replace")
+            self.done = True
+            return True
+        self.seen += len(data)
+        self.done = self.seen >= _ID_SCAN_BYTES
+        return self.done
 
 
 def is_event_stream(content_type: str | None) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -139,8 +139,13 @@ class Upstream:
         query: str,
         headers: Iterable[tuple[str, str]],
         body: bytes,
+        *,
+        on_attempt: Callable[[int], object] | None = None,
     ) -> AsyncIterator[OpenResponse]:
         """Forward one request; yield the response once its head has arrived.
+
+        ``on_attempt(n)`` is told as attempt ``n`` (1, then connect retries) is
+        sent, so a call cancelled before its answer still counts its attempts.
 
         The body is read through the yielded :class:`OpenResponse`. Leaving the
         block early (a cancelled relay) closes the connection, which is how an
@@ -151,6 +156,8 @@ class Upstream:
         request_headers = CIMultiDict(headers)
         attempt = 0
         while True:
+            if on_attempt is not None:
+                on_attempt(attempt + 1)
             try:
                 response = await self._session.request(
                     method, url, headers=request_headers, data=body or None, allow_redirects=False

@@ -20,7 +20,7 @@ from payonce.errors import ConfigError
 
 __all__ = ["SCHEMA_VERSION", "CallLog", "CallRecord"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 _MILLIS = tuple(f"{milli:03d}Z" for milli in range(1000))
@@ -69,6 +69,10 @@ class CallRecord:
     extra: dict[str, object] = field(default_factory=dict)
     # A keyed request forwarded unprotected: the store was down (--on-store-failure open).
     store_bypassed: bool = False
+    # The client left before its response was complete (status is then 499).
+    client_disconnected: bool = False
+    # The gateway stopped the upstream call (its client left, --on-disconnect cancel).
+    upstream_cancelled: bool = False
     # The response's head went out: from then on an error can only break the body.
     response_started: bool = False
 
@@ -104,9 +108,11 @@ class CallRecord:
                 "stream": self.stream,
                 "outcome": self.outcome,
                 "status": self.status,
+                "client_disconnected": self.client_disconnected,
                 "upstream_status": self.upstream_status,
                 "upstream_request_id": self.upstream_request_id,
                 "upstream_attempts": self.upstream_attempts,
+                "upstream_cancelled": self.upstream_cancelled,
                 "client_retry": self.client_retry,
                 "unprotected_retry": self.unprotected_retry,
                 "store_bypassed": self.store_bypassed,

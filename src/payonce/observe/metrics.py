@@ -33,7 +33,9 @@ OUTCOMES = (
     "passthrough",
     "error",
 )
-_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+# "499": the client left before its answer was complete (nginx's "client closed
+# request"); kept apart from 4xx, which are answers the client received.
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "499", "5xx")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
@@ -41,6 +43,8 @@ _OVERHEAD_BUCKETS = (
 
 
 def _status_class(status: int) -> str:
+    if status == 499:
+        return "499"
     return f"{min(max(status // 100, 1), 5)}xx"
 
 
@@ -116,7 +120,8 @@ class Metrics:
         }
         self.upstream_calls = Counter(
             "payonce_upstream_calls",
-            "Calls made to the upstream, by status ('error' when no response came back).",
+            "Calls made to the upstream, by status ('error' when no response came back,"
+            " 'cancelled' when the gateway stopped it because its client left).",
             ["status"],
             registry=registry,
         )
@@ -220,11 +225,11 @@ class Metrics:
         return child
 
     def upstream_child(self, status: int | None) -> Any:
+        """The upstream-calls counter of ``status`` (``None``: no answer; -1: cancelled)."""
         child = self._upstream_statuses.get(status)
         if child is None:
-            child = self._upstream_statuses[status] = self.upstream_calls.labels(
-                str(status) if status else "error"
-            )
+            label = "cancelled" if status == -1 else str(status) if status else "error"
+            child = self._upstream_statuses[status] = self.upstream_calls.labels(label)
         return child
 
     def upstream_call(self, facts: UpstreamFacts) -> None:
@@ -233,7 +238,7 @@ class Metrics:
         Once per upstream call, so inlined: each update is a dict add (no calls).
         """
         counts = self.deferred.counts
-        status = facts.status
+        status = -1 if facts.cancelled else facts.status
         child = self._upstream_statuses.get(status) or self.upstream_child(status)
         counts[child] = counts.get(child, 0.0) + 1.0
         latency = facts.latency
@@ -251,7 +256,7 @@ class Metrics:
         if cost is not None:
             child = self._costs.get(facts.model) or self.cost_of(facts.model)
             counts[child] = counts.get(child, 0.0) + cost
-        elif status is not None and status < 300:
+        elif status is not None and 0 < status < 300:  # -1: cancelled, no answer
             child = self.unknown_cost
             counts[child] = counts.get(child, 0.0) + 1.0
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import orjson
 
-__all__ = ["extract_usage", "model_and_usage", "normalise_usage"]
+__all__ = ["extract_usage", "model_and_usage", "model_usage_and_id", "normalise_usage"]
 
 
 def _decoded(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes | None:
@@ -31,7 +31,17 @@ def extract_usage(body: bytes, headers: Iterable[tuple[str, str]]) -> dict[str, 
 def model_and_usage(
     body: bytes, headers: Iterable[tuple[str, str]]
 ) -> tuple[str | None, dict[str, int] | None]:
-    """The ``model`` and normalised usage of a JSON response.
+    """The ``model`` and normalised usage of a JSON response (see :func:`model_usage_and_id`)."""
+    model, usage, _ = model_usage_and_id(body, headers)
+    return model, usage
+
+
+def model_usage_and_id(
+    body: bytes, headers: Iterable[tuple[str, str]]
+) -> tuple[str | None, dict[str, int] | None, str | None]:
+    """The ``model``, normalised usage and ``id`` of a JSON response.
+
+    The ``id`` is the provider's request id when no header carries one.
 
     OpenAI reports ``prompt_tokens``/``completion_tokens``; Anthropic reports
     ``input_tokens``/``output_tokens``; both are mapped to the latter names.
@@ -42,16 +52,18 @@ def model_and_usage(
     headers = tuple(headers)
     raw = _decoded(body, headers)
     if not raw or raw[:1] != b"{":
-        return None, None
+        return None, None, None
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None, None
+        return None, None, None
     if not isinstance(document, dict):
-        return None, None
+        return None, None, None
     model = document.get("model")
     model = model if isinstance(model, str) else None
-    return model, normalise_usage(document.get("usage"))
+    identifier = document.get("id")
+    identifier = identifier if isinstance(identifier, str) and identifier else None
+    return model, normalise_usage(document.get("usage")), identifier
 
 
 def normalise_usage(usage: object) -> dict[str, int] | None:

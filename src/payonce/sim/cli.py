@@ -91,7 +91,7 @@ def sim_command(
     bill at GET /_sim/ledger.
 
     \b
-    Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop;
+    Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop, X-Sim-No-Request-Id;
     for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After.
     """
     try:

@@ -14,6 +14,9 @@ header                effect on this request
 ``X-Sim-Die-After``   streams: the provider dies after sending this many events (an
                       integer >= 0, at most all but the terminating one); the connection
                       closes and nothing is billed. Overrides ``--die-mid-stream``
+``X-Sim-No-Request-Id`` ``1``/``true``: send no ``x-request-id`` (nor ``request-id``)
+                      header, as llama.cpp's server and many self-hosted ones do; the
+                      id is then only in the body (and in a stream's events)
 ====================  ==================================================================
 
 A bad header value is answered 400 (not billed), so a typo in a test fails loudly.
@@ -36,6 +39,7 @@ __all__ = [
     "DROP_HEADER",
     "FAIL_HEADER",
     "NO_OVERRIDES",
+    "NO_REQUEST_ID_HEADER",
     "TOKEN_MS_HEADER",
     "Overrides",
 ]
@@ -45,7 +49,15 @@ FAIL_HEADER = "X-Sim-Fail"
 DROP_HEADER = "X-Sim-Drop"
 TOKEN_MS_HEADER = "X-Sim-Token-Ms"  # noqa: S105 (a header name, not a secret)
 DIE_AFTER_HEADER = "X-Sim-Die-After"
-_HEADERS = (DELAY_HEADER, FAIL_HEADER, DROP_HEADER, TOKEN_MS_HEADER, DIE_AFTER_HEADER)
+NO_REQUEST_ID_HEADER = "X-Sim-No-Request-Id"
+_HEADERS = (
+    DELAY_HEADER,
+    FAIL_HEADER,
+    DROP_HEADER,
+    TOKEN_MS_HEADER,
+    DIE_AFTER_HEADER,
+    NO_REQUEST_ID_HEADER,
+)
 
 # One hour: longer is certainly a mistake, and would pin a handler for ever.
 _MAX_DELAY_MS = 3_600_000.0
@@ -64,11 +76,14 @@ class Overrides:
     drop: bool | None = None
     token_interval: float | None = None  # seconds
     die_after: int | None = None  # events
+    no_request_id: bool = False  # send the id in the body only
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Overrides:
         """Read the ``X-Sim-*`` headers (``headers`` must be case-insensitive)."""
-        delay_text, fail_text, drop_text, token_text, die_text = map(headers.get, _HEADERS)
+        delay_text, fail_text, drop_text, token_text, die_text, hide_text = map(
+            headers.get, _HEADERS
+        )
         # The common case, on the benchmark path: no control header at all.
         if (
             delay_text is None
@@ -76,14 +91,16 @@ class Overrides:
             and drop_text is None
             and token_text is None
             and die_text is None
+            and hide_text is None
         ):
             return NO_OVERRIDES
         return cls(
             delay=None if delay_text is None else _delay(delay_text),
             fail_status=None if fail_text is None else _status(fail_text),
-            drop=None if drop_text is None else _flag(drop_text),
+            drop=None if drop_text is None else _flag(drop_text, DROP_HEADER),
             token_interval=None if token_text is None else _token_interval(token_text),
             die_after=None if die_text is None else _event_count(die_text),
+            no_request_id=False if hide_text is None else _flag(hide_text, NO_REQUEST_ID_HEADER),
         )
 
 
@@ -125,10 +142,10 @@ def _status(text: str) -> int:
         raise BadRequest(f"{FAIL_HEADER}: expected a status 400-599, got {text!r}") from None
 
 
-def _flag(text: str) -> bool:
+def _flag(text: str, header: str) -> bool:
     value = text.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise BadRequest(f"{DROP_HEADER}: expected 1 or 0, got {text!r}")
+    raise BadRequest(f"{header}: expected 1 or 0, got {text!r}")

@@ -167,7 +167,10 @@ class Simulator:
         if self._drop(overrides):
             return _drop_connection(request)
         body = endpoint.render(ask, request_id, int(now))
-        return _json_response(body, 200, endpoint.api, request_id)
+        response = _json_response(body, 200, endpoint.api, request_id)
+        if overrides.no_request_id:
+            _hide_request_id(response)
+        return response
 
     async def _stream(
         self,
@@ -196,6 +199,8 @@ class Simulator:
         )
         if endpoint.api is Api.ANTHROPIC:
             response.headers[ANTHROPIC_REQUEST_ID_HEADER] = request_id
+        if overrides.no_request_id:
+            _hide_request_id(response)
         response.content_type = _EVENT_STREAM
         response.charset = "utf-8"
         sender = _EventSender(request, response)
@@ -342,6 +347,12 @@ def _drop_connection(request: web.Request) -> web.Response:
     # aiohttp then fails to write this response to the closed transport, which it
     # treats as an ordinary client disconnect: no response, no traceback in the log.
     return web.Response(status=204)
+
+
+def _hide_request_id(response: web.StreamResponse) -> None:
+    """Like llama.cpp's server: the id is in the body only (``X-Sim-No-Request-Id``)."""
+    response.headers.popall(REQUEST_ID_HEADER, None)
+    response.headers.popall(ANTHROPIC_REQUEST_ID_HEADER, None)
 
 
 def _json_response(body: bytes, status: int, api: Api, request_id: str) -> web.Response:
