@@ -157,3 +157,29 @@ def test_the_body_id_is_the_request_id_when_the_upstream_sends_no_header(
     (line,) = _lines(gateway, log)
     (entry,) = fresh_sim.ledger()["entries"]
     assert line["upstream_request_id"] == entry["provider_request_id"]
+
+
+def test_a_keyed_stream_whose_client_left_is_logged_when_its_run_ends_with_its_cost(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    gateway = start_gateway("--call-log", str(log))
+    key = f"stream-left-{uuid.uuid4()}"
+    headers = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "30"}
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "stream": True, "max_tokens": 40},
+        headers=headers,
+        timeout=10,
+    ) as response:
+        assert response.status_code == 200
+        next(response.iter_bytes())  # one chunk, then the client goes
+    _settled(gateway, key)  # the gateway read the stream to its end for the retry
+    (line,) = _lines(gateway, log)
+    (entry,) = fresh_sim.ledger()["entries"]
+    assert line["status"] == 499 and line["client_disconnected"] is True
+    assert line["stream"] is True and line["upstream_status"] == 200
+    assert line["upstream_request_id"] == entry["provider_request_id"]
+    assert line["output_tokens"] == entry["output_tokens"]
+    assert line["cost_usd"] == pytest.approx(entry["cost_usd"])
