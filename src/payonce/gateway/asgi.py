@@ -130,6 +130,10 @@ async def problem_response(send: Send, error: ProblemError, instance: str | None
     }
     if instance:
         problem["instance"] = instance
+    # An extension member (RFC 9457 section 3.2): the openai SDKs print only a
+    # "message" (top level or in "error"), so without it their users see just
+    # "Error code: 400" and never learn why.
+    problem["message"] = error.detail
     headers = [(b"content-type", b"application/problem+json")]
     if error.should_retry is not None:
         headers.append((b"x-should-retry", b"true" if error.should_retry else b"false"))

@@ -82,11 +82,39 @@ def read_key(headers: Sequence[tuple[bytes, bytes]], names: Sequence[bytes]) -> 
         if name in names:
             key = parse_key(value)
             if found is not None and key != found:
-                raise InvalidIdempotencyKey(
-                    "the request carries several different idempotency keys"
-                )
+                key = _explicit_of(found, key)
             found = key
     return found
+
+
+# What the official SDKs (Stainless-generated: openai, anthropic, in Python and
+# Node) mint once per call: "stainless-python-retry-<uuid4>".
+_MINTED_PREFIX = "stainless-"
+_MINTED_INFIX = "-retry-"
+
+
+def _is_minted(key: str) -> bool:
+    return key.startswith(_MINTED_PREFIX) and _MINTED_INFIX in key[len(_MINTED_PREFIX) :]
+
+
+def _explicit_of(first: str, second: str) -> str:
+    """Of two different keys, the one the application chose over the one its SDK minted.
+
+    With ``client._idempotency_header`` set, the SDK sends its own per-call key
+    in that header even when the application passes a business key in another
+    one (``X-Idempotency-Key``); the business key is the one that spans the
+    application's own retries, so it wins (README, "The key"). Two keys that
+    were both chosen, or both minted, are refused.
+    """
+    first_minted, second_minted = _is_minted(first), _is_minted(second)
+    if first_minted and not second_minted:
+        return second
+    if second_minted and not first_minted:
+        return first
+    raise InvalidIdempotencyKey(
+        "the request carries several different idempotency keys"
+        " (a key minted by the SDK, stainless-...-retry-..., yields to any other)"
+    )
 
 
 def tenant_of(headers: Sequence[tuple[bytes, bytes]], tenant_header: bytes | None = None) -> str:
