@@ -215,7 +215,7 @@ async def test_wait_on_a_record_nobody_runs_returns_at_once(
 
 
 async def test_a_record_whose_lease_lapsed_says_so(store: Store, clock: ManualClock) -> None:
-    _, token = await claim(store)
+    await claim(store)
     running = await store.get("t", "k")
     assert running is not None and not running.lease_lapsed(clock.now())
     clock.advance(LEASE)
