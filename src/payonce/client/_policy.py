@@ -53,6 +53,11 @@ class RetryPolicy:
     ``Idempotency-Key`` when ``resend_ambiguous`` is true (the default), and
     raises at once when it is false (for an upstream that ignores keys, where a
     re-send may be billed twice).
+
+    **Status checks** long-poll the gateway for up to ``status_wait`` seconds at
+    a time; between two answers that say the call still runs, the client pauses
+    for :meth:`status_pause` (full jitter from ``status_backoff_initial`` up to
+    ``status_backoff_max``), never past the deadline.
     """
 
     attempts: int = 3
