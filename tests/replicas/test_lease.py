@@ -72,3 +72,33 @@ def test_a_killed_holder_is_taken_over_through_the_load_balancer_and_bills_twice
     replay = post(b.url, key)
     assert replay.headers["idempotent-replayed"] == "true"
     assert replay.content == response.content, "the retry's answer is the one kept"
+
+
+def test_a_stream_follower_on_another_replica_is_cut_off_when_the_holder_dies(
+    start_gateways: Gateways, redis: RedisServer, fresh_sim: Sim
+) -> None:
+    # B relays A's stream from Redis. When A dies its lease lapses and no event
+    # will ever come: B must end the follower's stream broken (so its client
+    # retries, and the retry runs again), not re-read the dead record in a busy
+    # loop that never ends (before the fix: the client's read timed out).
+    a, b = start_gateways(2, "--lease", "1s", store=redis.url)
+    key = "stream-of-a-dead-holder"
+    body = {**CHAT, "stream": True, "max_tokens": 200}
+    slow = {"X-Sim-Token-Ms": "100"}
+    headers = {**AUTH, **slow, "Idempotency-Key": key}
+    url = "/v1/chat/completions"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, a.url, key, body=body, headers=slow)
+        wait_until(lambda: fresh_sim.requests() >= 1, "gateway A to forward the stream")
+        with httpx.stream("POST", b.url + url, json=body, headers=headers, timeout=20) as follower:
+            assert follower.headers["idempotent-replayed"] == "true", "B follows A's run"
+            chunks = follower.iter_bytes()
+            assert next(chunks)
+            os.kill(a.popen.pid, signal.SIGKILL)
+            with pytest.raises(httpx.RemoteProtocolError):
+                for _ in chunks:
+                    pass
+        with pytest.raises(httpx.HTTPError):
+            first.result()
+    retry = post(b.url, key, body=body)
+    assert (retry.status_code, retry.headers["idempotent-replayed"]) == (200, "false")

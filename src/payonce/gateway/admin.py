@@ -202,7 +202,9 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
                     retry_after=1,
                 )
             if record.streaming:
-                await relay_stored(send, receive, gateway.store, record, REPLAYED, after=0)
+                await relay_stored(
+                    send, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
+                )
             else:
                 await send_whole(send, record.response, REPLAYED)
             return
