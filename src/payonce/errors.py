@@ -10,6 +10,7 @@
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── NotFound (LookupError)              404
+    │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
@@ -25,6 +26,7 @@ module that calls them, with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "Abandoned",
     "BadRequestTarget",
     "BodyTooLarge",
     "ConfigError",
@@ -101,6 +103,13 @@ class BadRequestTarget(ProblemError, ValueError):
 
 class NotFound(ProblemError, LookupError):
     status, slug, title, should_retry = 404, "not-found", "No such record", False
+
+
+class Abandoned(ProblemError, LookupError):
+    # The record exists (a request with another body still gets 422), but its
+    # lease lapsed: nobody runs it and no response will come. Not "not-found",
+    # which would be untrue; not 409, which says "ask again later".
+    status, slug, title, should_retry = 404, "abandoned", "Nobody is running this request", False
 
 
 class RequestInProgress(ProblemError):

@@ -3,7 +3,8 @@
 Two tools, as stamina offers:
 
 * :func:`zero_backoff` (a context manager) or :func:`set_zero_backoff`: every
-  wait the policy computes, backoff and ``Retry-After`` alike, becomes 0.
+  wait the policy computes, backoff, ``Retry-After`` and pauses between status
+  checks alike, becomes 0.
   Attempts, budget and error classes behave as in production.
 * :class:`ManualClock`: a :class:`~payonce.client.RetryClock` whose ``sleep``
   advances it instead of waiting, so waits and deadlines can be asserted::

@@ -48,11 +48,22 @@ def test_policy_is_immutable() -> None:
         {"budget_tokens": 0.5},
         {"budget_ratio": float("nan")},
         {"status_wait": 301},
+        {"status_backoff_initial": -1},
+        {"status_backoff_max": float("inf")},
     ],
 )
 def test_bad_values_fail_loudly(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_status_pauses_are_full_jitter_from_a_tenth_of_a_second_to_two() -> None:
+    policy = RetryPolicy()
+    rng = random.Random(3)
+    for check, ceiling in [(1, 0.1), (2, 0.2), (3, 0.4), (5, 1.6), (6, 2.0), (40, 2.0)]:
+        pauses = [policy.status_pause(check, rng) for _ in range(200)]
+        assert all(0 <= pause <= ceiling for pause in pauses)
+        assert max(pauses) > ceiling * 0.9, "the whole range is used"
 
 
 def test_backoff_is_full_jitter_under_a_capped_exponential() -> None:

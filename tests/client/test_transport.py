@@ -7,6 +7,7 @@ Retry-After values, gateway answers) and never sleep: waits advance the clock.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 
 import httpx2
@@ -271,6 +272,78 @@ def test_after_a_read_timeout_a_404_means_resend_with_the_same_key() -> None:
     calls = [r for r in fake.seen if r.url.path == "/v1/chat/completions"]
     assert len(calls) == 2
     assert calls[0].headers["Idempotency-Key"] == calls[1].headers["Idempotency-Key"]
+
+
+def test_an_abandoned_record_means_resend_with_the_same_key() -> None:
+    # The gateway holding the key died; its lease lapsed: nobody runs it.
+    fake = FakeGateway(httpx2.RemoteProtocolError("server disconnected"), ["abandoned"])
+    with zero_backoff(), client(fake, gateway=True)[0] as http:
+        response = http.post(URL, json={})
+    assert response.json() == {"fresh": True}
+    calls = [r for r in fake.seen if r.url.path == "/v1/chat/completions"]
+    assert len(calls) == 2
+    assert calls[0].headers["Idempotency-Key"] == calls[1].headers["Idempotency-Key"]
+    assert [a.outcome for a in attempt_history(response)] == [Outcome.RETRIED, Outcome.SUCCESS]
+
+
+class ImpatientGateway:
+    """A gateway whose long-poll returns at once with ``in_progress``, every time.
+
+    What gateways before issue 12 answered about a record whose holder died.
+    """
+
+    def __init__(self) -> None:
+        self.status_requests = 0
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.startswith("/_payonce/requests/"):
+            self.status_requests += 1
+            # A guard, not the measure: a client that never waits would loop forever
+            # on a manual clock.
+            assert self.status_requests < 1000, "status checks without any pause"
+            return httpx2.Response(200, json={"key": "k", "state": "in_progress"})
+        raise httpx2.RemoteProtocolError("server disconnected")
+
+
+@pytest.mark.parametrize(("initial", "ceiling"), [(0.1, 2.0), (0.05, 1.0)])
+def test_status_checks_back_off_with_full_jitter_within_the_deadline(
+    initial: float, ceiling: float
+) -> None:
+    fake = ImpatientGateway()
+    clock = ManualClock()
+    policy = RetryPolicy(
+        attempts=1, deadline=30, status_backoff_initial=initial, status_backoff_max=ceiling
+    )
+    rng = random.Random(7)
+    with (
+        client(fake, clock=clock, policy=policy, gateway=True, rng=rng)[0] as http,
+        pytest.raises(httpx2.RemoteProtocolError),
+    ):
+        http.post(URL, json={})
+    # One pause between two checks: pause(n) = uniform(0, min(max, initial * 2**(n-1))).
+    assert len(clock.slept) == fake.status_requests - 1
+    for n, pause in enumerate(clock.slept, start=1):
+        assert 0 <= pause <= min(ceiling, initial * 2 ** (n - 1)), (n, pause)
+    assert sum(clock.slept) <= 30, "never past the deadline"
+    # Expected pause at the cap is ceiling/2, so ~30/(ceiling/2) checks, plus the ramp.
+    assert fake.status_requests < 4 * 30 / ceiling + 20
+
+
+async def test_async_status_checks_back_off_too() -> None:
+    fake = ImpatientGateway()
+    clock = ManualClock()
+    transport = AsyncIdempotentTransport(
+        httpx2.MockTransport(fake),
+        clock=clock,
+        hooks=(),
+        gateway=True,
+        policy=RetryPolicy(attempts=1, deadline=30),
+    )
+    async with httpx2.AsyncClient(transport=transport) as http:
+        with pytest.raises(httpx2.RemoteProtocolError):
+            await http.post(URL, json={})
+    assert clock.slept and all(0 <= pause <= 2.0 for pause in clock.slept)
+    assert fake.status_requests < 4 * 30 / 2.0 + 20
 
 
 def test_a_failed_status_check_falls_back_to_a_keyed_resend() -> None:

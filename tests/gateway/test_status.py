@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
 from datetime import datetime
+from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from tests.gateway.conftest import AUTH, Sim, chat
+from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
 from tests.support.processes import Process
 
 
@@ -93,3 +96,42 @@ def test_bad_wait_values_are_400(gateway: Process) -> None:
         response = httpx.get(gateway.url + f"/_payonce/requests/x?wait={bad}", headers=AUTH)
         assert response.status_code == 400, bad
         assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_a_dead_holders_record_is_abandoned_once_its_lease_lapses(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    # Issue 12, item 1: SIGKILL the gateway mid-call and start it again on the same
+    # SQLite file. Before the fix the record said "in_progress" until its 24 h TTL.
+    store = f"sqlite:///{tmp_path}/restarted.db"
+    first = start_gateway("--lease", "3s", store=store)
+    status = "/_payonce/requests/dead-holder"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        doomed = pool.submit(chat, first.url, "dead-holder", headers={"X-Sim-Delay-Ms": "5000"})
+        deadline = time.monotonic() + 20
+        while fresh_sim.requests() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(first.popen.pid, signal.SIGKILL)
+        with pytest.raises(httpx.HTTPError):
+            doomed.result()
+    second = start_gateway("--lease", "3s", store=store)
+
+    # Asked while the dead holder's lease still runs: the long-poll returns when
+    # the lease lapses (that is the change), not at once with nothing new.
+    lapsed = httpx.get(second.url + status + "?wait=20", headers=AUTH, timeout=30)
+    assert lapsed.status_code == 200
+    assert lapsed.json()["state"] == "abandoned"
+    assert lapsed.json()["status_code"] is None
+    # Nothing will change by itself any more: a long-poll answers at once.
+    again = httpx.get(second.url + status + "?wait=20", headers=AUTH, timeout=30)
+    assert again.json()["state"] == "abandoned"
+    response = httpx.get(second.url + status + "/response", headers=AUTH, timeout=30)
+    assert response.status_code == 404
+    assert response.json()["type"].endswith("#abandoned")
+    assert response.headers["x-should-retry"] == "false"
+
+    # What "abandoned" promises: re-sending with the key runs it again.
+    retry = chat(second.url, "dead-holder")
+    assert (retry.status_code, retry.headers["idempotent-replayed"]) == (200, "false")
+    done = httpx.get(second.url + status, headers=AUTH, timeout=30).json()
+    assert done["state"] == "completed"

@@ -170,6 +170,64 @@ async def test_wait_does_not_sleep_past_a_lapsed_lease(store: Store, clock: Manu
     assert record is not None and record.lease_expires_at <= clock.now()
 
 
+async def test_wait_returns_when_the_lease_lapses_not_before(
+    store: Store, clock: ManualClock
+) -> None:
+    # A lapse is a change: nobody runs the key any more. The waiter learns it
+    # when it happens (within the store's poll interval), neither before nor
+    # only at its own timeout.
+    await claim(store)
+    waiting = asyncio.create_task(store.wait("t", "k", timeout=30))
+    await asyncio.sleep(0.05)
+    clock.advance(LEASE - 1)
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "returned with nothing new while the lease still ran"
+    clock.advance(2)
+    record = await asyncio.wait_for(waiting, 5)
+    assert record is not None and record.state is RecordState.IN_PROGRESS
+    assert record.lease_expires_at <= clock.now()
+
+
+async def test_wait_keeps_waiting_through_a_renewal(store: Store, clock: ManualClock) -> None:
+    _, token = await claim(store)
+    waiting = asyncio.create_task(store.wait("t", "k", timeout=30))
+    await asyncio.sleep(0.05)
+    clock.advance(LEASE - 1)
+    assert await store.renew("t", "k", token, lease=LEASE)
+    clock.advance(2)  # past the first lease, within the renewed one
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "a renewed lease is not a change worth returning for"
+    assert await store.complete("t", "k", token, RESPONSE)
+    record = await asyncio.wait_for(waiting, 5)
+    assert record is not None and record.state is RecordState.COMPLETED
+
+
+async def test_wait_on_a_record_nobody_runs_returns_at_once(
+    store: Store, clock: ManualClock
+) -> None:
+    # Completed, gone or abandoned: nothing changes it by itself, so nothing to wait for.
+    _, token = await claim(store, key="done")
+    await store.complete("t", "done", token, RESPONSE)
+    await claim(store, key="abandoned")
+    clock.advance(LEASE + 1)
+    for key in ("done", "abandoned", "never"):
+        await asyncio.wait_for(store.wait("t", key, timeout=30), 1)
+
+
+async def test_a_record_whose_lease_lapsed_says_so(store: Store, clock: ManualClock) -> None:
+    await claim(store)
+    running = await store.get("t", "k")
+    assert running is not None and not running.lease_lapsed(clock.now())
+    clock.advance(LEASE)
+    lapsed = await store.get("t", "k")
+    assert lapsed is not None and lapsed.lease_lapsed(clock.now())
+    status, new = await claim(store)
+    assert status is ClaimStatus.ACQUIRED
+    assert await store.complete("t", "k", new, RESPONSE)
+    done = await store.get("t", "k")
+    assert done is not None and not done.lease_lapsed(clock.now() + 2 * LEASE), "completed"
+
+
 async def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
     results = await asyncio.gather(
         *(store.claim("t", "k", "fp", lease=LEASE, ttl=TTL) for _ in range(50))

@@ -16,7 +16,8 @@ differ between them::
 
 A CHECK asks a payonce gateway about the key before anything is sent again
 (DESIGN.md, lesson 5). It needs no attempt and no budget: it sends nothing that
-could run. Its result decides what the failed attempt becomes.
+could run. Its result decides what the failed attempt becomes. While the answer
+is "running" it asks again, after a jittered pause (:meth:`Call.check_pause`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ class Lookup(enum.Enum):
     """A stored result exists, and was fetched: it is the call's answer."""
     IN_PROGRESS = "in_progress"
     NOT_FOUND = "not_found"
-    """Nothing ran, or it failed and was released: sending again with the key is safe."""
+    """Nobody runs the key: sending again with it is safe.
+
+    Nothing ran; it failed and was released; or the gateway that ran it died
+    and its lease lapsed (the status document's ``abandoned``).
+    """
     UNKNOWN = "unknown"
     """The check itself failed, or the deadline came while the call still ran."""
 
@@ -142,6 +147,15 @@ class Call:
         """Seconds to long-poll the status endpoint: what is left, less a margin for the reply."""
         left = self.time_left()
         return max(0.0, min(self.policy.status_wait, left - min(1.0, left * 0.2)))
+
+    def check_pause(self, check: int) -> float | None:
+        """Seconds to pause after status check ``check`` said "running"; ``None``: stop asking.
+
+        :meth:`RetryPolicy.status_pause` (full jitter); ``None`` when the pause
+        would reach the deadline, where no further check could tell anything new.
+        """
+        pause = 0.0 if zero_backoff_enabled() else self.policy.status_pause(check, self.rng)
+        return pause if pause < self.time_left() else None
 
     # -- events -------------------------------------------------------------
 

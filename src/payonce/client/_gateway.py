@@ -11,8 +11,13 @@ After an ambiguous failure the transport asks, with the call's credential
 headers (records are scoped by credential)::
 
     GET {base}/_payonce/requests/{key}?wait=S   200 completed ─► GET …/{key}/response
-                                                200 in_progress ─► ask again while time is left
+                                                200 in_progress ─► pause, ask again while time left
+                                                200 abandoned ─► its gateway died: re-send
                                                 404 ─► nothing ran or it was released: re-send
+
+``abandoned`` (the record's lease lapsed) and ``404 abandoned`` from
+``/response`` mean what 404 means: nobody runs the key, a re-send with it runs
+it once. Any other state, from a newer gateway, is "learnt nothing".
 """
 
 from __future__ import annotations
@@ -150,6 +155,8 @@ def read_status(status: int, headers: httpx2.Headers, body: bytes) -> Lookup:
         return Lookup.COMPLETED
     if state == "in_progress":
         return Lookup.IN_PROGRESS
+    if state == "abandoned":
+        return Lookup.NOT_FOUND
     return Lookup.UNKNOWN
 
 
@@ -163,7 +170,7 @@ def read_stored(status: int, headers: httpx2.Headers, body: bytes) -> Lookup:
     if headers.get("idempotent-replayed", "").lower() == "true":
         return Lookup.COMPLETED
     kind = _problem_type(headers, body) or ""
-    if status == 404 and "not-found" in kind:
+    if status == 404 and ("not-found" in kind or kind.endswith("#abandoned")):
         return Lookup.NOT_FOUND
     if status == 409 and "in-progress" in kind:
         return Lookup.IN_PROGRESS

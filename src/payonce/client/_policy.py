@@ -53,6 +53,11 @@ class RetryPolicy:
     ``Idempotency-Key`` when ``resend_ambiguous`` is true (the default), and
     raises at once when it is false (for an upstream that ignores keys, where a
     re-send may be billed twice).
+
+    **Status checks** long-poll the gateway for up to ``status_wait`` seconds at
+    a time; between two answers that say the call still runs, the client pauses
+    for :meth:`status_pause` (full jitter from ``status_backoff_initial`` up to
+    ``status_backoff_max``), never past the deadline.
     """
 
     attempts: int = 3
@@ -66,6 +71,10 @@ class RetryPolicy:
     resend_ambiguous: bool = True
     status_wait: float = 30.0
     """Longest single long-poll (``?wait=``) on the gateway's status endpoint (at most 300)."""
+    status_backoff_initial: float = 0.1
+    """First ceiling of the jittered pause between two status checks (see :meth:`status_pause`)."""
+    status_backoff_max: float = 2.0
+    """Largest ceiling of the pause between two status checks."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -74,7 +83,13 @@ class RetryPolicy:
             value = getattr(self, name)
             if not value > 0 or math.isinf(value):
                 raise ConfigError(f"RetryPolicy.{name} must be a positive number, got {value}")
-        for name in ("backoff_initial", "backoff_max", "budget_ratio"):
+        for name in (
+            "backoff_initial",
+            "backoff_max",
+            "budget_ratio",
+            "status_backoff_initial",
+            "status_backoff_max",
+        ):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
                 raise ConfigError(f"RetryPolicy.{name} must be 0 or more, got {value}")
@@ -90,6 +105,24 @@ class RetryPolicy:
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
         """The jittered wait before retry number ``retry`` (1-based), without ``Retry-After``."""
         ceiling = min(self.backoff_max, self.backoff_initial * 2.0 ** max(retry - 1, 0))
+        return (rng or random).uniform(0.0, ceiling)
+
+    def status_pause(self, check: int, rng: random.Random | None = None) -> float:
+        """The jittered pause after status check number ``check`` (1-based) said "running".
+
+        Full jitter, like :meth:`backoff`, on its own shorter scale::
+
+            pause(n) = uniform(0, min(status_backoff_max, status_backoff_initial * 2 ** (n - 1)))
+
+        (0.1 s doubling to 2 s by default). Each check is a long-poll that a
+        gateway answers when the record changes, so a pause is usually not
+        needed; it bounds the rate when answers come back at once anyway (a
+        stream recording events, an older gateway, a proxy that cuts long
+        requests short). The caller cuts it to the call's deadline.
+        """
+        ceiling = min(
+            self.status_backoff_max, self.status_backoff_initial * 2.0 ** max(check - 1, 0)
+        )
         return (rng or random).uniform(0.0, ceiling)
 
     def worst_case_attempts(self, *other_layers: int) -> int:

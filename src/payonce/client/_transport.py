@@ -137,7 +137,9 @@ class IdempotentTransport(httpx2.BaseTransport):
         assert base is not None
         assert call.key is not None
         extra = self._core.status_headers
+        checks = 0
         while call.time_left() > 0:
+            checks += 1
             wait = call.check_wait()
             timeouts = call.attempt_timeouts(None) | {"read": max(call.time_left(), 0.001)}
             ask = status_request(base, call.key, wait, request.headers, extra, timeouts)
@@ -154,6 +156,13 @@ class IdempotentTransport(httpx2.BaseTransport):
                 return Lookup.UNKNOWN, None
             if lookup is not Lookup.IN_PROGRESS or wait <= 0:
                 return (Lookup.UNKNOWN if lookup is Lookup.IN_PROGRESS else lookup), None
+            # Still running: the long-poll should have waited, but answers may come
+            # back early (new stream events, an older gateway, a proxy's timeout).
+            pause = call.check_pause(checks)
+            if pause is None:
+                break
+            if pause > 0:
+                self._core.clock.sleep(pause)
         return Lookup.UNKNOWN, None
 
     def _fetch(self, request: httpx2.Request) -> tuple[httpx2.Response, bytes]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
 from payonce.errors import (
+    Abandoned,
     InvalidIdempotencyKey,
     NotFound,
     ProblemError,
@@ -57,11 +58,19 @@ def _iso(timestamp: float | None) -> str | None:
     )
 
 
-def record_document(record: Record) -> dict[str, object]:
-    """The status document of one record (README, Status endpoint)."""
+ABANDONED = "abandoned"
+
+
+def record_document(record: Record, now: float) -> dict[str, object]:
+    """The status document of one record at ``now`` (README, "The gateway's own endpoints").
+
+    ``state`` is ``in_progress``, ``completed``, or ``abandoned``: in progress
+    but its lease lapsed (its holder died or froze), so nobody runs it and a
+    re-send with the same key runs it again.
+    """
     return {
         "key": record.key,
-        "state": record.state.value,
+        "state": ABANDONED if record.lease_lapsed(now) else record.state.value,
         "status_code": record.response.status if record.response else None,
         "created_at": _iso(record.created_at),
         "completed_at": _iso(record.completed_at),
@@ -113,6 +122,9 @@ def _wait_seconds(query: bytes) -> float:
 
 
 async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Record:
+    # ``wait``: until the record changes (Store.wait: completed, released, new
+    # events, taken over, or its lease lapsed) or ``wait`` seconds pass. A record
+    # nobody runs (completed, abandoned) is answered at once: nothing will change it.
     record = await gateway.store.get(tenant, key)
     if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
         local = gateway.running.get((tenant, key))
@@ -166,7 +178,7 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         wait = _wait_seconds(scope["query_string"])
         if len(parts) == 4:
             record = await _lookup(gateway, tenant, key, wait)
-            document = record_document(record)
+            document = record_document(record, gateway.clock.now())
             local = gateway.running.get((tenant, key))
             if local is not None and isinstance(local.head_value, LiveStream):
                 # Fresher than the store, which is written in batches.
@@ -176,6 +188,12 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
             return
         if parts[4] == "response":
             record = await _lookup(gateway, tenant, key, wait)
+            if record.lease_lapsed(gateway.clock.now()):
+                raise Abandoned(
+                    f"the request with Idempotency-Key {key!r} has no response and nobody"
+                    " is running it (its gateway stopped renewing the lease): re-send it"
+                    " with the same key"
+                )
             if record.response is None or (
                 record.state is RecordState.IN_PROGRESS and not record.streaming
             ):
@@ -184,7 +202,9 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
                     retry_after=1,
                 )
             if record.streaming:
-                await relay_stored(send, receive, gateway.store, record, REPLAYED, after=0)
+                await relay_stored(
+                    send, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
+                )
             else:
                 await send_whole(send, record.response, REPLAYED)
             return

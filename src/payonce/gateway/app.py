@@ -458,7 +458,9 @@ class Gateway:
                 self.replay_counts.add(tenant, key)
                 record.outcome = "replayed" if claim.status is ClaimStatus.COMPLETED else "joined"
                 self.observer.apply(record, facts, saved=True)
-                await relay_stored(send, receive, self.store, stored, _JOINED, after)
+                await relay_stored(
+                    send, receive, self.store, stored, _JOINED, after, clock=self.clock
+                )
                 return None
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from payonce.clock import Clock
 from payonce.gateway.asgi import Receive, Send, break_response, send_response
 from payonce.gateway.live import LiveStream
 from payonce.gateway.sse import numbered
@@ -111,18 +112,25 @@ async def relay_stored(
     record: Record,
     marker: tuple[bytes, bytes],
     after: int,
+    clock: Clock,
     poll: float = 1.0,
 ) -> None:
-    """Relay a recorded stream: complete, or still being recorded by another process."""
+    """Relay a recorded stream: complete, or still being recorded by another process.
+
+    A stream whose run is released, taken over, or abandoned (its holder's lease
+    lapsed: nobody will record another event) ends broken, like one whose
+    upstream died, so that its client retries.
+    """
     assert record.response is not None
     await _start_stream(send, record.response.status, record.response.headers, marker)
+    batches = _stored_batches(store, record, after, poll, clock)
     with watch_disconnect(receive) as gone:
-        if await _pump(send, _stored_batches(store, record, after, poll), after, gone):
+        if await _pump(send, batches, after, gone):
             await send({"type": "http.response.body", "body": b""})
 
 
 async def _stored_batches(
-    store: Store, record: Record, after: int, poll: float
+    store: Store, record: Record, after: int, poll: float, clock: Clock
 ) -> AsyncGenerator[list[bytes]]:
     position = after
     tenant, key = record.tenant, record.key
@@ -139,5 +147,9 @@ async def _stored_batches(
         current = await store.get(tenant, key)
         if current is None or current.token != record.token:
             raise ConnectionError("the stream's run was released before it completed")
+        if not events and current.lease_lapsed(clock.now()):
+            # Store.wait returns at once on a lapsed lease: without this the
+            # loop would re-read the dead record as fast as the store answers.
+            raise ConnectionError("the stream's run was abandoned: its gateway stopped")
         if current.state is RecordState.IN_PROGRESS and not events:
             current = await store.wait(tenant, key, poll) or current

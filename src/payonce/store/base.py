@@ -104,6 +104,15 @@ class Record:
         """A stream has begun (its status and headers are known), finished or not."""
         return self.response is not None and self.response.stream
 
+    def lease_lapsed(self, now: float) -> bool:
+        """In progress, but its holder stopped renewing: nobody runs it any more.
+
+        The holder died or froze for longer than a lease. The next claim with
+        the same fingerprint takes the key over and runs the request again, so
+        re-sending it is safe; the status endpoint reports it as ``abandoned``.
+        """
+        return self.state is RecordState.IN_PROGRESS and self.lease_expires_at <= now
+
 
 @dataclass(frozen=True, slots=True)
 class Claim:
@@ -189,8 +198,17 @@ class Store(Protocol):
         ...
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
-        """Return once the record is completed, gone, its lease ran out or it recorded new
-        events; or at ``timeout``."""
+        """The record once it changes, or as it is after ``timeout`` seconds.
+
+        A record nobody runs (gone, completed, or its lease lapsed) cannot
+        change by itself, so it is returned at once. Otherwise the wait ends
+        when the record completes, is released, records new events, is taken
+        over by a new holder, or when its lease lapses (at ``lease_expires_at``
+        by the store's clock: a lapse is a change, since nobody runs the key
+        from then on). A renewal is not a change: the wait goes on to the new
+        lease end. It never ends early with nothing new, except that a store
+        may notice a change up to its poll interval late.
+        """
         ...
 
     async def purge_expired(self) -> int:

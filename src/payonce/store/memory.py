@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -16,11 +17,14 @@ class MemoryStore:
     """The :class:`payonce.store.base.Store` protocol in memory.
 
     Each method runs without awaiting between its read and its write, so on one
-    event loop every operation is atomic.
+    event loop every operation is atomic. Writers wake :meth:`wait` at once;
+    ``poll_interval`` bounds how late it notices a lease that lapsed because
+    the clock jumped.
     """
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, *, poll_interval: float = 0.25) -> None:
         self._clock = clock or SystemClock()
+        self._poll_interval = poll_interval
         self._records: dict[tuple[str, str], Record] = {}
         self._events: dict[tuple[str, str], list[bytes]] = {}
         self._waiters = Waiters()
@@ -150,13 +154,25 @@ class MemoryStore:
         return self._live(tenant, key)
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
-        record = self._live(tenant, key)
-        if record is None or record.state is RecordState.COMPLETED:
-            return record
-        # A dead holder never notifies: wake up when its lease runs out at the latest.
-        until_lease_end = max(0.0, record.lease_expires_at - self._clock.now())
-        await self._waiters.wait(f"{tenant}\x00{key}", min(timeout, until_lease_end))
-        return self._live(tenant, key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        first = self._live(tenant, key)
+        record = first
+        while True:
+            if record is None or record.state is RecordState.COMPLETED:
+                return record
+            if first is not None and (record.token != first.token or record.events != first.events):
+                return record
+            now = self._clock.now()
+            remaining = deadline - loop.time()
+            if record.lease_lapsed(now) or remaining <= 0:
+                return record
+            # A dead holder never notifies: wake up when its lease runs out at the
+            # latest, and re-read now and then in case the clock jumped (a test's
+            # manual clock, a stepped system clock) or the holder renewed.
+            step = min(remaining, record.lease_expires_at - now, self._poll_interval)
+            await self._waiters.wait(f"{tenant}\x00{key}", step)
+            record = self._live(tenant, key)
 
     async def purge_expired(self) -> int:
         now = self._clock.now()

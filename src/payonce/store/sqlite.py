@@ -370,17 +370,17 @@ class SQLiteStore:
         # Writers in this process wake us at once; writers in other processes
         # (``serve --workers``) are seen by polling, at most poll_interval late.
         deadline = time.monotonic() + timeout
-        seen_events: int | None = None
+        first: Record | None = None
         while True:
             record = await self.get(tenant, key)
             if record is None or record.state is RecordState.COMPLETED:
                 return record
-            if seen_events is None:
-                seen_events = record.events
-            elif record.events != seen_events:
-                return record
+            if first is None:
+                first = record
+            elif record.events != first.events or record.token != first.token:
+                return record  # new events, or a new holder took the key over
             now = self._clock.now()
-            if record.lease_expires_at <= now:
+            if record.lease_lapsed(now):
                 return record
             remaining = deadline - time.monotonic()
             if remaining <= 0:

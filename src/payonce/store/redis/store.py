@@ -332,10 +332,11 @@ class RedisStore:
                         first = record
                     elif record.events != first.events or record.token != first.token:
                         return record
-                    until_lease_end = record.lease_expires_at - self._clock.now()
+                    now = self._clock.now()
                     remaining = deadline - loop.time()
-                    if until_lease_end <= 0 or remaining <= 0:
+                    if record.lease_lapsed(now) or remaining <= 0:
                         return record
+                    until_lease_end = record.lease_expires_at - now
                     pause = min(remaining, until_lease_end, self._poll_interval)
                     await watch.sleep(changed, pause)
         except StoreUnavailable:
