@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import anthropic
+import httpx2
 import openai
 import pytest
 
@@ -249,3 +250,45 @@ async def test_async_sdk_rejected_uses_the_policy(fresh_sim: Sim) -> None:
     assert recorder.outcomes == ["retried", "retried", "failure"]
     assert fresh_sim.requests() == 3
     assert Outcome.FAILURE.value == recorder.outcomes[-1]
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_protect_keeps_the_timeout_set_on_the_client(sdk: str) -> None:
+    # Issue 13, item 4: protect() used to replace it with the policy's (5 s / 60 s).
+    factory: Any = openai.OpenAI if sdk == "openai" else anthropic.Anthropic
+    assert protect(factory(api_key="sk-test", timeout=0.5)).timeout.read == 0.5
+    both = protect(factory(api_key="sk-test", timeout=httpx2.Timeout(7.0, connect=1.0))).timeout
+    assert (both.read, both.connect) == (7.0, 1.0)
+    default = protect(factory(api_key="sk-test")).timeout
+    assert (default.read, default.connect) == (60.0, 5.0), "the SDK default: the policy's"
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_the_first_call_asks_a_gateway_it_has_not_seen_and_gets_the_paid_answer(
+    closing: Any, gateway: Process, fresh_sim: Sim, sdk: str
+) -> None:
+    # Issue 13, item 5: with gateway=None the first call could not ask, so when every
+    # attempt timed out it raised while the gateway held the completed, billed answer.
+    slow = {"X-Sim-Delay-Ms": "2100"}
+    policy = RetryPolicy(attempts=2, deadline=20)
+    if sdk == "openai":
+        client = closing(
+            protect(openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-t"), policy=policy)
+        )
+        completion = client.chat.completions.create(
+            model="gpt-4o-mini", messages=MESSAGES, max_tokens=16, extra_headers=slow, timeout=0.5
+        )
+        assert completion.choices[0].message.content
+    else:
+        client_a = closing(
+            protect(anthropic.Anthropic(base_url=gateway.url, api_key="sk-t"), policy=policy)
+        )
+        message = client_a.messages.create(
+            model="claude-3-5-haiku-latest",
+            messages=MESSAGES,
+            max_tokens=16,
+            extra_headers=slow,
+            timeout=0.5,
+        )
+        assert message.content[0].text
+    assert fresh_sim.billed() == 1

@@ -82,7 +82,7 @@ class AsyncIdempotentTransport(httpx2.AsyncBaseTransport):
                 step = call.on_error(exc)
             else:
                 core.gateways.observe(request.url, response.headers, body)
-                call.gateway = core.gateways.base_for(request.url) is not None
+                call.gateway = core.gateways.check_base(request.url) is not None
                 step = call.on_response(response.status_code, response.headers, body)
             if step.action is Action.CHECK:
                 lookup, stored = await self._check(request, call)
@@ -129,8 +129,10 @@ class AsyncIdempotentTransport(httpx2.AsyncBaseTransport):
         self, request: httpx2.Request, call: Call
     ) -> tuple[Lookup, httpx2.Response | None]:
         """Ask the gateway about the call's key until it knows, or time runs out."""
-        base = self._core.gateways.base_for(request.url)
-        assert base is not None
+        gateways = self._core.gateways
+        base = gateways.check_base(request.url)
+        if base is None:  # found out earlier in this call that it is no gateway
+            return Lookup.NO_GATEWAY, None
         assert call.key is not None
         extra = self._core.status_headers
         checks = 0
@@ -142,6 +144,10 @@ class AsyncIdempotentTransport(httpx2.AsyncBaseTransport):
             try:
                 answer, body = await self._fetch(ask, call)
                 lookup = read_status(answer.status_code, answer.headers, body)
+                gateways.observe(ask.url, answer.headers, body)
+                if lookup is Lookup.UNKNOWN and gateways.base_for(request.url) is None:
+                    gateways.not_a_gateway(request.url)
+                    return Lookup.NO_GATEWAY, None
                 if lookup is Lookup.COMPLETED:
                     ask = response_request(base, call.key, request.headers, extra, timeouts)
                     stored, body = await self._fetch(ask, call)
@@ -149,6 +155,9 @@ class AsyncIdempotentTransport(httpx2.AsyncBaseTransport):
                     if lookup is Lookup.COMPLETED:
                         return lookup, stored
             except httpx2.TransportError:
+                if gateways.base_for(request.url) is None:
+                    gateways.not_a_gateway(request.url)
+                    return Lookup.NO_GATEWAY, None
                 return Lookup.UNKNOWN, None
             if lookup is not Lookup.IN_PROGRESS or wait <= 0:
                 return (Lookup.UNKNOWN if lookup is Lookup.IN_PROGRESS else lookup), None

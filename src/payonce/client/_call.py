@@ -75,6 +75,10 @@ class Lookup(enum.Enum):
     """
     UNKNOWN = "unknown"
     """The check itself failed, or the deadline came while the call still ran."""
+    NO_GATEWAY = "no_gateway"
+    """The server is no payonce gateway (it does not know the status endpoint):
+    re-sending is as safe as the server makes it, so only if the policy re-sends
+    ambiguous failures."""
 
 
 @dataclass(slots=True)
@@ -188,6 +192,8 @@ class Call:
                 self.budget.record_success()
             self._record(Outcome.RECOVERED, failure.error_class, failure.status_code, failure.error)
             return Step(Action.RETURN)
+        if lookup is Lookup.NO_GATEWAY and not self.policy.resend_ambiguous:
+            return self._give_up(failure)
         # Not found (nothing ran, or it failed and was released) or unknown: sending again
         # with the same key is safe, because the gateway runs a key at most once.
         return self._retry_or_give_up(failure)

@@ -96,7 +96,7 @@ class TransportCore:
             method=request.method,
             url=str(request.url.copy_with(query=None)),
             key=key,
-            gateway=self.gateways.base_for(request.url) is not None,
+            gateway=self.gateways.check_base(request.url) is not None,
             wall_now=time.time(),
         )
 

@@ -76,12 +76,38 @@ class GatewayDirectory:
     def __init__(self, gateway: bool | str | None) -> None:
         self.configured = gateway
         self._known: set[str] = set()
+        # Origins whose status endpoint was asked once and did not answer as a
+        # gateway: not asked again, until one of their answers says otherwise.
+        self._not_gateways: set[str] = set()
         self._lock = threading.Lock()
 
     def observe(self, url: httpx2.URL, headers: httpx2.Headers, body: bytes) -> None:
         if self.configured is None and looks_like_gateway(headers, body):
+            origin = origin_of(url)
             with self._lock:
-                self._known.add(origin_of(url))
+                self._known.add(origin)
+                self._not_gateways.discard(origin)
+
+    def not_a_gateway(self, url: httpx2.URL) -> None:
+        """The status endpoint of ``url``'s origin did not answer as a payonce gateway."""
+        if self.configured is None:
+            origin = origin_of(url)
+            with self._lock:
+                if origin not in self._known:
+                    self._not_gateways.add(origin)
+
+    def check_base(self, url: httpx2.URL) -> str | None:
+        """Where to ask about a key after an ambiguous failure of a request to ``url``.
+
+        A gateway not seen yet is asked too (``gateway=None``): the very first
+        call must not lose an answer that was already paid for. A server that is
+        no payonce gateway answers that question with a 404 of its own, which
+        the transport reads as ``Lookup.NO_GATEWAY``.
+        """
+        if self.configured is None:
+            origin = origin_of(url)
+            return None if origin in self._not_gateways else origin
+        return self.base_for(url)
 
     def base_for(self, url: httpx2.URL) -> str | None:
         """The base URL of the gateway serving ``url``, or ``None`` if it is not one."""

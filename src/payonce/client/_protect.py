@@ -14,7 +14,9 @@ payonce imports neither SDK.
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -56,9 +58,13 @@ def protect(
 
     The keyword arguments are those of :class:`IdempotentTransport`;
     ``transport`` is the httpx2 transport that really sends (default: a new
-    ``HTTPTransport`` or ``AsyncHTTPTransport`` with the SDKs' pool limits). The
-    SDK's timeout becomes the policy's (``connect_timeout``, ``read_timeout``);
-    a ``timeout=`` passed to one call still applies when it is shorter.
+    ``HTTPTransport`` or ``AsyncHTTPTransport`` with the SDKs' pool limits).
+
+    Timeouts: a timeout set on the client (``openai.OpenAI(timeout=0.5)``,
+    anything but the SDK's default) is kept: it becomes the policy's
+    ``read_timeout`` (and ``connect_timeout`` when it sets one), replacing the
+    policy's own. With the SDK's default timeout, the policy's apply. A
+    ``timeout=`` passed to one call still applies when it is shorter.
 
     A key passed as ``extra_headers={"Idempotency-Key": ...}`` is used for
     that call instead of a new UUID.
@@ -68,6 +74,13 @@ def protect(
     """
     policy = policy or RetryPolicy()
     sdk = cast(Any, client)
+    own = _timeout_set_on(sdk)
+    if own is not None:
+        policy = dataclasses.replace(
+            policy,
+            read_timeout=own.read if own.read is not None else policy.read_timeout,
+            connect_timeout=own.connect if own.connect is not None else policy.connect_timeout,
+        )
     current = getattr(sdk, "_client", None)
     options: dict[str, Any] = {
         "policy": policy,
@@ -108,3 +121,22 @@ def protect(
     # The SDK's own per-call key, if it was switched on, is kept (our transport reuses it).
     protected._idempotency_header = getattr(sdk, "_idempotency_header", None)
     return cast(SDKClient, protected)
+
+
+def _timeout_set_on(sdk: Any) -> httpx2.Timeout | None:
+    """The timeout the application set on an SDK client, or ``None`` for the SDK's default.
+
+    Both SDKs keep it in ``client.timeout`` (a number or an ``httpx2.Timeout``)
+    and export their default as ``DEFAULT_TIMEOUT`` at the package's top level.
+    """
+    value = getattr(sdk, "timeout", None)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        timeout = httpx2.Timeout(float(value))
+    elif isinstance(value, httpx2.Timeout):
+        timeout = value
+    else:
+        return None  # NOT_GIVEN, None (no timeout at all): the policy's apply
+    package = sys.modules.get(type(sdk).__module__.split(".")[0])
+    if timeout == getattr(package, "DEFAULT_TIMEOUT", None):
+        return None
+    return timeout

@@ -90,7 +90,7 @@ class IdempotentTransport(httpx2.BaseTransport):
                 step = call.on_error(exc)
             else:
                 core.gateways.observe(request.url, response.headers, body)
-                call.gateway = core.gateways.base_for(request.url) is not None
+                call.gateway = core.gateways.check_base(request.url) is not None
                 step = call.on_response(response.status_code, response.headers, body)
             if step.action is Action.CHECK:
                 lookup, stored = self._check(request, call)
@@ -133,8 +133,10 @@ class IdempotentTransport(httpx2.BaseTransport):
 
     def _check(self, request: httpx2.Request, call: Call) -> tuple[Lookup, httpx2.Response | None]:
         """Ask the gateway about the call's key until it knows, or time runs out."""
-        base = self._core.gateways.base_for(request.url)
-        assert base is not None
+        gateways = self._core.gateways
+        base = gateways.check_base(request.url)
+        if base is None:  # found out earlier in this call that it is no gateway
+            return Lookup.NO_GATEWAY, None
         assert call.key is not None
         extra = self._core.status_headers
         checks = 0
@@ -146,6 +148,10 @@ class IdempotentTransport(httpx2.BaseTransport):
             try:
                 answer, body = self._fetch(ask)
                 lookup = read_status(answer.status_code, answer.headers, body)
+                gateways.observe(ask.url, answer.headers, body)
+                if lookup is Lookup.UNKNOWN and gateways.base_for(request.url) is None:
+                    gateways.not_a_gateway(request.url)
+                    return Lookup.NO_GATEWAY, None
                 if lookup is Lookup.COMPLETED:
                     ask = response_request(base, call.key, request.headers, extra, timeouts)
                     stored, body = self._fetch(ask)
@@ -153,6 +159,9 @@ class IdempotentTransport(httpx2.BaseTransport):
                     if lookup is Lookup.COMPLETED:
                         return lookup, stored
             except httpx2.TransportError:
+                if gateways.base_for(request.url) is None:
+                    gateways.not_a_gateway(request.url)
+                    return Lookup.NO_GATEWAY, None
                 return Lookup.UNKNOWN, None
             if lookup is not Lookup.IN_PROGRESS or wait <= 0:
                 return (Lookup.UNKNOWN if lookup is Lookup.IN_PROGRESS else lookup), None
