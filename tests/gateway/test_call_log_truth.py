@@ -140,6 +140,11 @@ def test_an_unkeyed_call_cancelled_after_its_client_left_is_not_a_500(
     assert line["upstream_cancelled"] is True and line["upstream_status"] is None
     assert line["upstream_attempts"] == 1, "the request was sent once"
     assert fresh_sim.billed() == 1  # billed, although nobody got it: the log says why
+    # The cancelled call never learnt its provider id: reconcile shows the spend as
+    # unmatched, and no success.
+    report = reconcile([log], [_bill(fresh_sim, tmp_path / "bill.csv")])
+    assert report.totals.successful_business_requests == 0
+    assert report.totals.unmatched_bill_lines == 1
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -157,6 +162,9 @@ def test_the_body_id_is_the_request_id_when_the_upstream_sends_no_header(
     (line,) = _lines(gateway, log)
     (entry,) = fresh_sim.ledger()["entries"]
     assert line["upstream_request_id"] == entry["provider_request_id"]
+    report = reconcile([log], [_bill(fresh_sim, tmp_path / "bill.csv")])
+    assert report.totals.unmatched_bill_lines == 0
+    assert report.totals.business_requests == report.totals.successful_business_requests == 1
 
 
 def test_a_keyed_stream_whose_client_left_is_logged_when_its_run_ends_with_its_cost(
