@@ -9,6 +9,8 @@
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── NotFound (LookupError)              404
+    │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
+    │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
@@ -27,6 +29,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigError",
     "FingerprintMismatch",
+    "HeadersTooLarge",
     "IdempotencyKeyRequired",
     "InvalidIdempotencyKey",
     "LeaseLost",
@@ -34,6 +37,7 @@ __all__ = [
     "PayonceError",
     "ProblemError",
     "RequestInProgress",
+    "RequestTimeout",
     "StoreTimeout",
     "StoreUnavailable",
     "UpstreamTimeout",
@@ -89,6 +93,24 @@ class IdempotencyKeyRequired(ProblemError, ValueError):
 
 class BodyTooLarge(ProblemError, ValueError):
     status, slug, title, should_retry = 413, "body-too-large", "Request body too large", False
+
+
+class HeadersTooLarge(ProblemError, ValueError):
+    # RFC 6585 section 5: 431 when the header fields, together or one of them,
+    # are too large. Answered by the connection itself, before the app sees it.
+    status, slug, title, should_retry = (
+        431,
+        "headers-too-large",
+        "Request header fields too large",
+        False,
+    )
+
+
+class RequestTimeout(ProblemError, TimeoutError):
+    # RFC 9110 section 15.5.9: 408 when the server did not receive a complete
+    # request in the time it was prepared to wait. Nothing ran, so repeating the
+    # request is safe (the client "MAY repeat that request").
+    status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
 
 
 class NotFound(ProblemError, LookupError):
