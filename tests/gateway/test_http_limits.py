@@ -472,3 +472,23 @@ def test_the_openai_sdk_gets_the_413(gateway: Process, fresh_sim: Sim) -> None:
     assert caught.value.status_code == 413
     assert caught.value.response.headers["content-type"] == "application/problem+json"
     assert fresh_sim.requests() == 0
+
+
+def test_keep_alive_survives_a_body_spread_over_many_reads_and_idles_out(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
+    gateway = start_gateway("--keep-alive-timeout", "1s")
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 300_000}]}).encode()
+    with socket.create_connection(("127.0.0.1", port_of(gateway)), timeout=30) as sock:
+        for key in ("spread-1", "spread-2"):
+            sock.sendall(keyed_head("/v1/chat/completions", len(body), key=key))
+            for start in range(0, len(body), 100_000):
+                sock.sendall(body[start : start + 100_000])
+                time.sleep(0.05)  # separate reads on the gateway's side
+            reply = read_reply(sock)
+            assert reply.status == 200, reply.body[:300]
+            assert reply.headers.get("connection") != "close"
+        started = time.monotonic()
+        assert sock.recv(1) == b"", "an idle kept-alive connection is closed"
+        assert time.monotonic() - started >= 0.5
+    assert fresh_sim.requests() == 2

@@ -31,8 +31,9 @@ immediately", the lingering close of nginx and Apache); a client that only reads
 after sending its whole request (urllib) would get the reset instead of the 413.
 The write side is shut down first, so a client reading sees the end at once.
 
-The normal path costs one timer per request (armed at the head, cancelled when
-the request is complete) and a few attribute updates per read; no per-byte work.
+The normal path costs a few attribute updates per read and no per-byte work. A
+timer runs from a connection's start to the end of its first request, and on a
+later request only while its head or body spans several reads.
 """
 
 from __future__ import annotations
@@ -229,6 +230,8 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         phase = self._phase
         if phase == _HEAD:
+            if self._timer is None:  # the head spans reads: from now on it is timed
+                self._arm(_HEAD, self.limits.header_timeout)
             if self._head_began:
                 # The read it began in may hold the end of the previous request:
                 # it is counted when the head completes (on_headers_complete).
@@ -237,7 +240,7 @@ class GatewayProtocol(HttpToolsProtocol):
                 self._head_bytes += size
                 if self._head_bytes > self.limits.max_header_bytes:
                     self._refuse(self._too_large())
-        elif phase == _BODY and self._timer_phase == _HEAD:
+        elif phase == _BODY and self._timer_phase != _BODY:  # the body spans reads
             self._body_bytes = 0
             self._arm(_BODY, self.limits.body_timeout)
 
@@ -250,8 +253,6 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_began = True
         self._head_bytes = 0
         self._first_read = self._read
-        if self._timer is None:  # on a new connection it runs since connection_made
-            self._arm(_HEAD, self.limits.header_timeout)
 
     def on_headers_complete(self) -> None:
         limits = self.limits
@@ -371,9 +372,11 @@ class GatewayProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self._timer_phase = _IDLE
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._timer_phase = _IDLE
         if self._discarding or self._raw is None or self._raw.is_closing():
             return
         limits = self.limits
