@@ -7,14 +7,14 @@ connection, and answers by itself (the app never sees such a request):
 * the request head (request line and header fields) up to ``--max-header-bytes``
   and ``--max-headers``, else 431 (RFC 6585 section 5). Bytes are counted per
   read, so a head that never ends is refused once the reads past its first one
-  exceed the limit: a connection holds at most the limit and two reads (256 KiB
-  each) of it, whatever the client sends after;
+  exceed the limit: a connection holds at most the limit and two reads (about
+  256 KiB each) of it, whatever the client sends after;
 * the whole head within ``--header-timeout`` from the connection's start, or from
   the first byte of a later request on a kept-alive connection, else 408 (RFC 9110
   section 15.5.9). A connection on which nothing of a request arrived is closed
   without a response: a 408 there could be taken for the answer to the next
-  request the client sends on it (RFC 9112 section 9.3.2 lets a server close an
-  idle connection at any time);
+  request the client sends on it (RFC 9112 section 9.5: a server MAY close an
+  inactive connection at any time, gracefully);
 * a request body must keep coming: at least ``_BODY_MIN_RATE`` bytes a second,
   averaged over each ``--body-timeout`` window (so no pause may last a whole
   window), else 408 while the app has not answered yet. Windows in which the
@@ -22,14 +22,16 @@ connection, and answers by itself (the app never sees such a request):
 * the keep-alive idle time is uvicorn's, ``--keep-alive-timeout``.
 
 Lingering close. A response sent while the request body is still arriving ends
-the connection: the response carries ``Connection: close`` (RFC 9112 section 9.6)
-and then the connection keeps reading and discarding what the client sends, up to
-``linger_bytes`` and ``_LINGER_SECONDS``, before it closes. Closing at once would
-leave unread data in the kernel, which then resets the connection (RFC 9112
-section 9.6: "the server ... SHOULD NOT ... close both halves of the connection
-immediately", the lingering close of nginx and Apache); a client that only reads
-after sending its whole request (urllib) would get the reset instead of the 413.
-The write side is shut down first, so a client reading sees the end at once.
+the connection: it carries ``Connection: close`` (RFC 9112 section 9.6), and the
+connection then shuts down its write side and keeps reading and discarding what
+the client sends, up to ``linger_bytes`` and ``_LINGER_SECONDS`` or until the
+client closes, before closing fully. RFC 9112 section 9.6 describes why: a server
+that closes at once while the client's data keeps arriving makes its TCP stack
+send a reset, which can erase the response before the client reads it; so a
+server "performs a half-close", "continues to read from the connection until it
+receives a corresponding close by the client", "finally ... fully closes" (what
+nginx and Apache call a lingering close). Without it, a client that only reads
+after sending its whole request (urllib) got a reset instead of the 413.
 
 The normal path costs a few attribute updates per read and no per-byte work. A
 timer runs from a connection's start to the end of its first request, and on a
