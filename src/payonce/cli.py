@@ -146,6 +146,47 @@ def cli() -> None:
     help="Largest request body accepted (413 beyond).",
 )
 @click.option(
+    "--max-header-bytes",
+    envvar=_env("max_header_bytes"),
+    type=Size(),
+    default="64KiB",
+    show_default=True,
+    help="Largest request head (request line and header fields) accepted (431 beyond).",
+)
+@click.option(
+    "--max-headers",
+    envvar=_env("max_headers"),
+    type=int,
+    default=100,
+    show_default=True,
+    help="Most header fields accepted in one request (431 beyond).",
+)
+@click.option(
+    "--header-timeout",
+    envvar=_env("header_timeout"),
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="Time a client has to send a whole request head (408 and closed beyond).",
+)
+@click.option(
+    "--body-timeout",
+    envvar=_env("body_timeout"),
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="A request body must bring at least 1 KiB/s over each such window, so no pause"
+    " lasts this long (408 and closed otherwise).",
+)
+@click.option(
+    "--keep-alive-timeout",
+    envvar=_env("keep_alive_timeout"),
+    type=Duration(),
+    default="5s",
+    show_default=True,
+    help="How long an idle kept-alive client connection stays open.",
+)
+@click.option(
     "--replay-cache",
     envvar=_env("replay_cache"),
     type=Size(allow_zero=True),

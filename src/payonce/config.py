@@ -70,6 +70,13 @@ class GatewaySettings:
     lease: float = 30.0
     ttl: float = 86400.0
     max_body: int = 10 * 1024 * 1024
+    # What a client may send before the app sees a request, and how slowly
+    # (gateway/protocol.py): 431 past the head limits, 408 past the timeouts.
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout: float = 30.0
+    body_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
     replay_cache: int = 64 * 1024 * 1024
     on_disconnect: str = "cancel"
     # A keyed stream every client left: read it to the end for the retry, or stop paying.
@@ -113,6 +120,17 @@ class GatewaySettings:
             raise ConfigError("--wait-timeout: must be positive")
         if self.connect_timeout <= 0 or self.upstream_timeout <= 0:
             raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
+        if not 1024 <= self.max_header_bytes <= 16 * 1024 * 1024:
+            raise ConfigError("--max-header-bytes: must be between 1KiB and 16MiB")
+        if not 1 <= self.max_headers <= 10000:
+            raise ConfigError("--max-headers: must be between 1 and 10000")
+        for flag, seconds in (
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+            ("--keep-alive-timeout", self.keep_alive_timeout),
+        ):
+            if seconds <= 0:
+                raise ConfigError(f"{flag}: must be positive")
         if not 0 <= self.connect_retries <= 10:
             raise ConfigError("--connect-retries: must be between 0 and 10")
         if not 0 <= self.call_log_backups <= 100:

@@ -11,6 +11,8 @@
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── NotFound (LookupError)              404
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
+    │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
+    │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
@@ -31,6 +33,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigError",
     "FingerprintMismatch",
+    "HeadersTooLarge",
     "IdempotencyKeyRequired",
     "InvalidIdempotencyKey",
     "LeaseLost",
@@ -38,6 +41,7 @@ __all__ = [
     "PayonceError",
     "ProblemError",
     "RequestInProgress",
+    "RequestTimeout",
     "StoreTimeout",
     "StoreUnavailable",
     "UpstreamTimeout",
@@ -99,6 +103,24 @@ class BadRequestTarget(ProblemError, ValueError):
     # RFC 9112 section 3.2: only OPTIONS may use the asterisk form, and a proxied
     # request needs a path to send upstream (origin or absolute form).
     status, slug, title, should_retry = 400, "bad-request-target", "Bad request target", False
+
+
+class HeadersTooLarge(ProblemError, ValueError):
+    # RFC 6585 section 5: 431 when the header fields, together or one of them,
+    # are too large. Answered by the connection itself, before the app sees it.
+    status, slug, title, should_retry = (
+        431,
+        "headers-too-large",
+        "Request header fields too large",
+        False,
+    )
+
+
+class RequestTimeout(ProblemError, TimeoutError):
+    # RFC 9110 section 15.5.9: 408 when the server did not receive a complete
+    # request in the time it was prepared to wait. Nothing ran, so repeating the
+    # request is safe (the client "MAY repeat that request").
+    status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
 
 
 class NotFound(ProblemError, LookupError):

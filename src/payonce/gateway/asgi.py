@@ -18,6 +18,7 @@ __all__ = [
     "break_response",
     "broken_reason",
     "client_left",
+    "problem_document",
     "problem_response",
     "read_body",
     "send_json",
@@ -120,8 +121,10 @@ async def send_json(
     await send_response(send, status, headers, body)
 
 
-async def problem_response(send: Send, error: ProblemError, instance: str | None = None) -> None:
-    """Answer with an RFC 9457 problem document and the headers SDKs act on."""
+def problem_document(
+    error: ProblemError, instance: str | None = None
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """An RFC 9457 problem document and the headers SDKs act on (without content-length)."""
     problem: dict[str, object] = {
         "type": error.type_uri,
         "title": error.title,
@@ -140,5 +143,10 @@ async def problem_response(send: Send, error: ProblemError, instance: str | None
     if error.retry_after is not None:
         seconds = max(1, math.ceil(error.retry_after))
         headers.append((b"retry-after", str(seconds).encode()))
-    body = json.dumps(problem, separators=(",", ":")).encode()
+    return headers, json.dumps(problem, separators=(",", ":")).encode()
+
+
+async def problem_response(send: Send, error: ProblemError, instance: str | None = None) -> None:
+    """Answer with an RFC 9457 problem document and the headers SDKs act on."""
+    headers, body = problem_document(error, instance)
     await send_response(send, error.status, headers, body)

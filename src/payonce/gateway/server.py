@@ -23,6 +23,7 @@ from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
+from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog
 from payonce.observe.pricing import install_prices, load_prices
@@ -138,7 +139,10 @@ async def serve(
                 gateway,
                 host=settings.host,
                 port=settings.port,
-                http="httptools",
+                # httptools, bounded: head size and count, header and body timeouts,
+                # lingering close (gateway/protocol.py).
+                http=protocol_class(HttpLimits.of(settings)),
+                ws="none",  # the gateway serves no WebSocket; upgrades are not special
                 loop="none",  # the running loop (uvloop, set up by run())
                 lifespan="off",
                 access_log=False,
