@@ -9,6 +9,7 @@
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
+    │   ├── MalformedRequest (ValueError)       400, never retry (not HTTP/1.1)
     │   ├── NotFound (LookupError)              404
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
@@ -37,6 +38,7 @@ __all__ = [
     "IdempotencyKeyRequired",
     "InvalidIdempotencyKey",
     "LeaseLost",
+    "MalformedRequest",
     "NotFound",
     "PayonceError",
     "ProblemError",
@@ -103,6 +105,12 @@ class BadRequestTarget(ProblemError, ValueError):
     # RFC 9112 section 3.2: only OPTIONS may use the asterisk form, and a proxied
     # request needs a path to send upstream (origin or absolute form).
     status, slug, title, should_retry = 400, "bad-request-target", "Bad request target", False
+
+
+class MalformedRequest(ProblemError, ValueError):
+    # RFC 9112 section 2.2: a message that cannot be parsed gets a 400 and the
+    # connection is closed. Answered by the connection itself, like 431.
+    status, slug, title, should_retry = 400, "malformed-request", "Malformed request", False
 
 
 class HeadersTooLarge(ProblemError, ValueError):

@@ -123,3 +123,18 @@ def test_a_keyed_stream_that_dies_is_broken_for_the_client_and_logged_in_one_lin
     broken = [line for line in log.splitlines() if "broke off" in line]
     assert len(broken) == 1, log
     assert key in broken[0]
+
+
+def test_requests_that_are_not_http_get_a_problem_document(gateway: Process) -> None:
+    for request in (
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost gateway\r\n\r\n",
+        b"POST /v1/x HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ):
+        answer = _exchange(gateway, request)
+        assert answer, (request, gateway.output())
+        status, headers, body = _head_and_body(answer)
+        assert status == 400, request
+        assert headers["content-type"] == "application/problem+json"
+        assert headers["connection"] == "close"
+        assert json.loads(body)["type"].endswith("#malformed-request")

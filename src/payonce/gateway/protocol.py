@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from payonce.errors import HeadersTooLarge, ProblemError, RequestTimeout
+from payonce.errors import HeadersTooLarge, MalformedRequest, ProblemError, RequestTimeout
 from payonce.gateway.asgi import problem_document
 
 if TYPE_CHECKING:
@@ -223,12 +223,17 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         except httptools.HttpParserError:
             refusal, self._refusal = self._refusal, None
-            if refusal is not None:
-                self._refuse(refusal)
-            else:
-                message = "Invalid HTTP request received."
-                self.logger.warning(message)
-                self.send_400_response(message)
+            if refusal is None:
+                # Not HTTP/1.1 the parser understands (a CONNECT target, a broken
+                # request line, bad chunk sizes): a problem document too, never
+                # uvicorn's plain-text 400.
+                refusal = MalformedRequest(
+                    "the request is not valid HTTP/1.1 (RFC 9112); it was not read further"
+                )
+                if self._phase == _BODY:  # a broken chunked body: its app is waiting
+                    self._refuse_body(refusal)
+                    return
+            self._refuse(refusal)
             return
         phase = self._phase
         if phase == _HEAD:
@@ -258,6 +263,13 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         limits = self.limits
+        if self.parser.get_method() == b"CONNECT":
+            # A forward proxy's method (RFC 9110 section 9.3.6); the parser would
+            # hand the connection over as a tunnel, which nobody here serves.
+            self._refusal = MalformedRequest(
+                "CONNECT is not served: payonce is a reverse proxy in front of one upstream"
+            )
+            raise _Refused
         if len(self.headers) > limits.max_headers:
             self._refusal = HeadersTooLarge(
                 f"the request has {len(self.headers)} header fields;"
@@ -402,18 +414,26 @@ class GatewayProtocol(HttpToolsProtocol):
             self._body_bytes = 0
             self._arm(_BODY, limits.body_timeout)
             return
-        cycle = self.cycle
-        if cycle is None or cycle.response_started:
-            return  # the answer is on its way; the connection ends after it (keep_alive off)
-        # The app is waiting for the body: it sees a disconnect, and its sends are
-        # dropped; the client gets the 408 instead.
-        cycle.disconnected = True
-        cycle.message_event.set()
-        self._start_discarding()
-        self._answer(
+        self._refuse_body(
             RequestTimeout(
                 f"the request body arrived slower than {_BODY_MIN_RATE} bytes a second over"
                 f" {limits.body_timeout:g}s (--body-timeout)"
             )
         )
+
+    def _refuse_body(self, error: ProblemError) -> None:
+        """Refuse a request whose app is waiting for its body (too slow, or malformed)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_started:
+            # The answer is on its way; the connection ends after it (keep_alive
+            # off), or now if the body can no longer be parsed.
+            if isinstance(error, MalformedRequest) and self._raw is not None:
+                self._raw.close()
+            return
+        # The app sees a disconnect, and its sends are dropped; the client gets
+        # the problem instead.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._start_discarding()
+        self._answer(error)
         self._linger()
