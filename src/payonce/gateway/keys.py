@@ -14,7 +14,15 @@ import orjson
 
 from payonce.errors import InvalidIdempotencyKey
 
-__all__ = ["MAX_KEY_LENGTH", "Tenants", "fingerprint", "parse_key", "read_key", "tenant_of"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "Tenants",
+    "fingerprint",
+    "is_json",
+    "parse_key",
+    "read_key",
+    "tenant_of",
+]
 
 MAX_KEY_LENGTH = 255  # Stripe's limit; the draft sets none.
 _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"api-key")
@@ -151,17 +159,50 @@ _SALT = b"payonce-tenant\x00"
 
 
 def _canonical_json(body: bytes) -> bytes:
-    # orjson (sorted keys, compact, UTF-8) is ten times faster than json here.
-    # What it cannot represent (NaN, integers past 64 bits) goes through json.
+    """The canonical form of a JSON body, or the body itself where there is none.
+
+    Defined for every body (README, "Same request?"), so a request an upstream
+    would take never fails here. Which branch a body takes depends only on the
+    value it holds (never on its key order or whitespace), and no two branches
+    produce the same bytes for different values: each canonical output parses
+    back to its own value, and a raw body is one no branch could parse.
+    """
+    # orjson (sorted keys, compact, UTF-8) is ten times faster than json: the
+    # keyed hot path. Integers past 64 bits and floats are read as IEEE doubles.
     try:
         return orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):
+            return body  # nested past 1,024 levels: the raw bytes are the fingerprint
+    except orjson.JSONEncodeError:
         pass
+    # What orjson refuses: NaN and Infinity, numbers past a double (1e400), UTF-16
+    # and UTF-32 bodies, lone surrogate escapes ("\ud83d", a cut emoji).
     try:
         parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return body  # not JSON after all: the raw bytes are the fingerprint
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        # Not JSON after all (UnicodeDecodeError is a ValueError), or nested past
+        # what the recursive json module reads: the raw bytes are the fingerprint.
+        return body
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate has no UTF-8 form: keep every non-ASCII character
+        # escaped instead (bytes no UTF-8 output of another value can equal).
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+
+
+def is_json(content_type: bytes | None) -> bool:
+    """Whether a body is canonicalised as JSON: no Content-Type, or a JSON media type.
+
+    The media type is compared case-insensitively and its parameters are ignored
+    (RFC 9110 section 8.3.1): ``Application/JSON; charset=utf-8`` is JSON, and so
+    is any type naming json (``application/vnd.api+json``, ``application/x-ndjson``).
+    """
+    if content_type is None or content_type == b"application/json":
+        return True
+    return b"json" in content_type.split(b";", 1)[0].lower()
 
 
 def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None) -> str:
@@ -171,7 +212,7 @@ def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None)
     order does not matter while array order does (DESIGN.md, Fingerprint).
     """
     canonical = body
-    if body and (content_type is None or b"json" in content_type):
+    if body and is_json(content_type):
         canonical = _canonical_json(body)
     digest = hashlib.sha256()
     digest.update(method.encode() + b"\x00" + path.encode() + b"\x00")
