@@ -492,11 +492,13 @@ class Gateway:
                 await self.pending.retry()
 
     async def _flush_replay_counts(self) -> None:
-        # Once a second: replay counts to the store, call log lines to their file.
+        # Once a second: replay counts to the store, call log lines to their file,
+        # and expired replays out of memory (no request may ever ask for them).
         while True:
             await asyncio.sleep(_REPLAY_FLUSH_SECONDS)
             if self.observer.call_log is not None:
                 self.observer.call_log.flush()
+            self.replays.evict_expired()
             await self.replay_counts.flush(self.store)
 
     async def _purge_expired(self, every: float) -> None:
