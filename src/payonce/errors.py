@@ -7,6 +7,7 @@
     ├── ProblemError                           answered as application/problem+json
     │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
+    │   ├── CredentialRequired (PermissionError) 401, never retry
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── NotFound (LookupError)              404
     │   ├── RequestInProgress                   409 + Retry-After: retry later
@@ -26,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "BodyTooLarge",
     "ConfigError",
+    "CredentialRequired",
     "FingerprintMismatch",
     "IdempotencyKeyRequired",
     "InvalidIdempotencyKey",
@@ -85,6 +87,12 @@ class InvalidIdempotencyKey(ProblemError, ValueError):
 
 class IdempotencyKeyRequired(ProblemError, ValueError):
     status, slug, title, should_retry = 400, "key-required", "Idempotency-Key required", False
+
+
+class CredentialRequired(ProblemError, PermissionError):
+    # --require-credential: a keyed request without a credential would share the
+    # anonymous tenant's records with every other such caller.
+    status, slug, title, should_retry = 401, "credential-required", "Credential required", False
 
 
 class BodyTooLarge(ProblemError, ValueError):

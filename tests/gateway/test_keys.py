@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from payonce.errors import InvalidIdempotencyKey
-from payonce.gateway.keys import fingerprint, is_json, parse_key, read_key, tenant_of
+from payonce.gateway.keys import Tenants, fingerprint, is_json, parse_key, read_key, tenant_of
 
 
 @pytest.mark.parametrize(
@@ -166,3 +166,36 @@ def test_json_media_types_are_matched_case_insensitively_without_parameters(
         "POST", "/x", b'{"b":2,"a":1}', content_type
     )
     assert same is canonical
+
+
+def test_the_known_credential_headers_and_configured_ones_name_the_tenant() -> None:
+    alone = tenant_of([(b"x-goog-api-key", b"k-1")])
+    assert alone == tenant_of([(b"authorization", b"Bearer k-1")]) != "anonymous"
+    assert tenant_of([(b"x-goog-api-key", b"k-2")]) != alone
+    assert tenant_of([(b"x-team", b"k-1")]) == "anonymous"
+    assert tenant_of([(b"x-team", b"k-1")], credential_headers=[b"x-team"]) == alone
+    assert tenant_of([(b"authorization", b"Bearer  ")]) == "anonymous"
+
+
+def test_several_credentials_are_one_tenant_of_all_of_them() -> None:
+    proxy = (b"authorization", b"Bearer proxy")
+    alice = tenant_of([proxy, (b"x-goog-api-key", b"alice")])
+    assert alice != tenant_of([proxy, (b"x-goog-api-key", b"bob")])
+    assert alice != tenant_of([proxy]) and alice != tenant_of([(b"x-goog-api-key", b"alice")])
+    # Order and an empty extra header do not matter.
+    assert alice == tenant_of([(b"x-goog-api-key", b"alice"), proxy, (b"api-key", b" ")])
+
+
+@given(
+    st.lists(
+        st.sampled_from([b"authorization", b"x-api-key", b"x-goog-api-key", b"other"]), max_size=4
+    ),
+    st.lists(st.binary(min_size=0, max_size=6), min_size=4, max_size=4),
+)
+def test_remembered_tenants_are_the_same_as_computed_ones(
+    names: list[bytes], values: list[bytes]
+) -> None:
+    headers = list(zip(names, values, strict=False))
+    tenants = Tenants()
+    assert tenants.of(headers) == tenant_of(headers)
+    assert tenants.of(headers) == tenant_of(headers)  # from memory the second time

@@ -3,6 +3,7 @@
 Keyed request, in order (DESIGN.md, Outcomes)::
 
     parse key ─ bad ──────────────────────────────────────────► 400
+    no credential and --require-credential ───────────────────► 401
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
@@ -28,6 +29,7 @@ from typing import Any
 from payonce.clock import Clock, SystemClock
 from payonce.config import GatewaySettings
 from payonce.errors import (
+    CredentialRequired,
     FingerprintMismatch,
     IdempotencyKeyRequired,
     InvalidIdempotencyKey,
@@ -38,7 +40,13 @@ from payonce.errors import (
 from payonce.gateway import admin
 from payonce.gateway.asgi import ClientGone, Receive, Scope, Send, problem_response, read_body
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
-from payonce.gateway.keys import Tenants, fingerprint, read_key
+from payonce.gateway.keys import (
+    ANONYMOUS,
+    DEFAULT_CREDENTIAL_HEADERS,
+    Tenants,
+    fingerprint,
+    read_key,
+)
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -134,7 +142,11 @@ class Gateway:
             names.append(b"x-request-id")
         self._key_headers = tuple(names)
         self._tenants = Tenants(
-            settings.tenant_header.lower().encode() if settings.tenant_header else None
+            settings.tenant_header.lower().encode() if settings.tenant_header else None,
+            credential_headers=(
+                *DEFAULT_CREDENTIAL_HEADERS,
+                *(name.encode() for name in settings.credential_header),
+            ),
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
@@ -186,6 +198,15 @@ class Gateway:
             raise IdempotencyKeyRequired(
                 "this gateway requires an Idempotency-Key header on every request"
             )
+        if key is not None and self.settings.require_credential:
+            # Before the body is read: nothing of an anonymous keyed request is used.
+            record.tenant = record.tenant or self.tenant(headers)
+            if record.tenant == ANONYMOUS:
+                raise CredentialRequired(
+                    "this gateway requires a credential (Authorization, x-api-key, api-key,"
+                    " x-goog-api-key or a --credential-header) on requests with an"
+                    " Idempotency-Key"
+                )
         body = await read_body(receive, headers, self.settings.max_body)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         request = ProxiedRequest(
