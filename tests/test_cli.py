@@ -46,6 +46,8 @@ def payonce(
         (["serve", "--store", "sqlite:///no/such/dir/p.db"], "--store"),
         (["serve", "--store", "sqlite:///./p.db?timeout=x"], "--store"),
         (["serve", "--tenant-header", "bad header"], "--tenant-header"),
+        (["serve", "--credential-header", "bad:header"], "--credential-header"),
+        (["serve", "--credential-header", "x-a", "--tenant-header", "x-t"], "--credential-header"),
         (["serve", "--config", "/no/such/file.toml"], "--config"),
         (["serve", "--bogus"], "--bogus"),
     ],

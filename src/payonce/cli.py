@@ -53,7 +53,12 @@ def _flag(param: click.Parameter | None) -> str:
 def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
     # Eager, so the file's values become defaults that env vars and flags override.
     if path:
-        ctx.default_map = {**(ctx.default_map or {}), **load_toml(path)}
+        values = load_toml(path)
+        for param in ctx.command.params:
+            # A repeatable option may be one string in the file ("x-a, x-b").
+            if getattr(param, "multiple", False) and isinstance(values.get(param.name), str):
+                values[str(param.name)] = [values[str(param.name)]]
+        ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
 def _env(name: str) -> str:
@@ -112,6 +117,23 @@ def cli() -> None:
     envvar=_env("tenant_header"),
     default=None,
     help="Header naming the tenant, instead of a hash of the credential.",
+)
+@click.option(
+    "--credential-header",
+    envvar=_env("credential_header"),
+    multiple=True,
+    metavar="NAME",
+    help="Another header carrying a caller's credential (repeatable; in"
+    " PAYONCE_CREDENTIAL_HEADER, names separated by commas or spaces). Authorization,"
+    " x-api-key, api-key and x-goog-api-key are always read.",
+)
+@click.option(
+    "--require-credential/--no-require-credential",
+    envvar=_env("require_credential"),
+    default=False,
+    show_default=True,
+    help="Refuse keyed requests that carry no credential (401) instead of letting them"
+    " share one anonymous tenant.",
 )
 @click.option(
     "--wait-timeout",

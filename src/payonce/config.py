@@ -12,7 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from payonce.errors import ConfigError
 
@@ -20,6 +20,7 @@ __all__ = ["GatewaySettings", "load_toml", "parse_duration", "parse_size"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an RFC 9110 token
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3,
@@ -66,6 +67,11 @@ class GatewaySettings:
     # X-Request-ID is often set per attempt by proxies, so it is a key only when asked.
     key_from_request_id: bool = False
     tenant_header: str | None = None
+    # Headers carrying a credential, beyond the known ones (payonce/credentials.py).
+    credential_header: tuple[str, ...] = ()
+    # Refuse keyed requests without a credential (401) instead of sharing the
+    # anonymous tenant among them.
+    require_credential: bool = False
     wait_timeout: float = 60.0
     lease: float = 30.0
     ttl: float = 86400.0
@@ -140,10 +146,28 @@ class GatewaySettings:
                 f"--log-level: {self.log_level!r} is not one of"
                 " critical, error, warning, info, debug"
             )
-        if self.tenant_header is not None and not re.fullmatch(
-            r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", self.tenant_header
-        ):
+        if self.tenant_header is not None and not _HEADER_NAME.fullmatch(self.tenant_header):
             raise ConfigError(f"--tenant-header: {self.tenant_header!r} is not a header name")
+        # One string (a TOML value, an API caller) or several names, each of which
+        # may list more separated by commas or whitespace (PAYONCE_CREDENTIAL_HEADER).
+        raw = cast("tuple[str, ...] | str", self.credential_header)
+        names = tuple(
+            name
+            for item in ((raw,) if isinstance(raw, str) else raw)
+            for name in re.split(r"[\s,]+", str(item))
+            if name
+        )
+        for name in names:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ConfigError(f"--credential-header: {name!r} is not a header name")
+        object.__setattr__(
+            self, "credential_header", tuple(dict.fromkeys(n.lower() for n in names))
+        )
+        if self.credential_header and self.tenant_header is not None:
+            raise ConfigError(
+                "--credential-header: the tenant comes from --tenant-header alone, so"
+                " credential headers would be ignored; set one of the two"
+            )
         if not 1 <= self.workers <= 64:
             raise ConfigError(f"--workers: {self.workers} is not between 1 and 64")
         if self.workers > 1 and self.store == "memory://":

@@ -7,6 +7,7 @@
     ├── ProblemError                           answered as application/problem+json
     │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
+    │   ├── CredentialRequired (PermissionError) 401, never retry
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── MalformedRequest (ValueError)       400, never retry (not HTTP/1.1)
@@ -33,6 +34,7 @@ __all__ = [
     "BadRequestTarget",
     "BodyTooLarge",
     "ConfigError",
+    "CredentialRequired",
     "FingerprintMismatch",
     "HeadersTooLarge",
     "IdempotencyKeyRequired",
@@ -95,6 +97,12 @@ class InvalidIdempotencyKey(ProblemError, ValueError):
 
 class IdempotencyKeyRequired(ProblemError, ValueError):
     status, slug, title, should_retry = 400, "key-required", "Idempotency-Key required", False
+
+
+class CredentialRequired(ProblemError, PermissionError):
+    # --require-credential: a keyed request without a credential would share the
+    # anonymous tenant's records with every other such caller.
+    status, slug, title, should_retry = 401, "credential-required", "Credential required", False
 
 
 class BodyTooLarge(ProblemError, ValueError):

@@ -132,3 +132,16 @@ async def test_async_read_timeout_fetches_the_stored_result(
     assert attempt_history(response)[0].outcome is Outcome.RECOVERED
     ledger = fresh_sim.ledger()
     assert (ledger["requests"], ledger["billed"]) == (1, 1)
+
+
+def test_status_lookups_carry_every_credential_header_the_gateway_reads() -> None:
+    from payonce.client._gateway import CREDENTIAL_HEADERS, status_request
+    from payonce.gateway.keys import DEFAULT_CREDENTIAL_HEADERS
+
+    # One list for both parts (payonce/credentials.py), Gemini's header included.
+    assert tuple(name.encode() for name in CREDENTIAL_HEADERS) == DEFAULT_CREDENTIAL_HEADERS
+    assert "x-goog-api-key" in CREDENTIAL_HEADERS
+    source = httpx2.Headers({"X-Goog-Api-Key": "k-1", "X-Team": "t", "Content-Type": "x"})
+    request = status_request("http://gw", "order-1", 1.0, source, ["x-team"], {})
+    assert {name.lower() for name in request.headers} >= {"x-goog-api-key", "x-team"}
+    assert "content-type" not in {name.lower() for name in request.headers}

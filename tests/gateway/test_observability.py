@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -180,3 +181,62 @@ def test_the_call_log_rotates_by_size(
     assert files == ["rot.jsonl", "rot.jsonl.1", "rot.jsonl.2"], "two backups kept, no more"
     for path in tmp_path.glob("rot.jsonl*"):
         assert all(orjson.loads(line)["outcome"] for line in path.read_bytes().splitlines())
+
+
+def _series(text: str) -> dict[str, set[str]]:
+    """Every sample name in an exposition with its label sets (as text)."""
+    series: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? \S+$", line)
+        if match:
+            series.setdefault(match.group(1), set()).add(match.group(2) or "")
+    return series
+
+
+def test_made_up_model_names_add_no_metric_series(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    """Issue 12, item 9: the upstream echoes the caller's model name, which became a label."""
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[models."acme-tuned"]\ninput = 1.0\noutput = 2.0\n')
+    gateway = start_gateway("--prices", str(prices))
+    # Priced prefixes with secrets after them, a --prices model, and unknown names.
+    stems = ["gpt-4o-mini", "claude-sonnet-4", "acme-tuned", "made-up"]
+    names = [f"{stems[index % 4]}-acme-corp-secret-{index}" for index in range(1000)]
+
+    def send(name: str) -> None:
+        body = orjson.dumps({**CHAT, "model": name})
+        for _ in range(2):  # the retry is a replay: saved cost, counted by model too
+            request = urllib.request.Request(
+                gateway.url + "/v1/chat/completions",
+                data=body,
+                headers={
+                    **AUTH,
+                    **NO_PACING,
+                    "Idempotency-Key": name,
+                    "Content-Type": "application/json",
+                },
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(send, names))
+    text = httpx.get(gateway.url + "/_payonce/metrics", timeout=10).text
+    assert "secret" not in text
+    series = _series(text)
+    for family in ("payonce_cost_usd_total", "payonce_saved_cost_usd_total"):
+        assert series[family] == {
+            'model="gpt-4o-mini"',
+            'model="claude-sonnet-4"',
+            'model="acme-tuned"',
+        }, family
+    # No other family carries a model label at all.
+    assert not [
+        name
+        for name, labels in series.items()
+        if any("model=" in label for label in labels)
+        if not name.startswith(("payonce_cost_usd", "payonce_saved_cost_usd"))
+    ]
+    assert metric(text, "payonce_unknown_cost_calls_total") == 250
+    assert fresh_sim.billed() == 1000

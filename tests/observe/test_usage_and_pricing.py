@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from payonce.gateway.observing import UpstreamFacts
+from payonce.observe.metrics import Metrics, model_label
 from payonce.observe.pricing import cost_of, price_of
 from payonce.observe.usage import model_and_usage
 
@@ -141,3 +143,37 @@ def test_bad_prices_files_are_config_errors(tmp_path, content: str, needle: str)
     path.write_text(content)
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_prices(str(path))
+
+
+@pytest.mark.parametrize(
+    ("model", "label"),
+    [
+        ("gpt-4o-mini", "gpt-4o-mini"),
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+        ("gpt-4o-mini-acme-corp-secret-project", "gpt-4o-mini"),
+        ("claude-sonnet-4-20250514", "claude-sonnet-4"),
+        ("llama-3-70b", "other"),
+        (None, "other"),
+    ],
+)
+def test_model_labels_are_price_table_names_or_other(model: str | None, label: str) -> None:
+    assert model_label(model) == label
+
+
+def test_a_thousand_made_up_models_make_no_new_series() -> None:
+    metrics = Metrics()
+    for index in range(1000):
+        facts = UpstreamFacts(status=200, model=f"gpt-4o-secret-{index}", cost_usd=0.01)
+        metrics.upstream_call(facts)
+        metrics.saved_cost_of(f"unknown-{index}").inc(0.01)
+    text = metrics.render().decode()
+    assert "secret" not in text and "unknown-" not in text
+    labels = {
+        line.split("{", 1)[1].split("}")[0]
+        for line in text.splitlines()
+        if line.startswith(("payonce_cost_usd_total", "payonce_saved_cost_usd_total"))
+    }
+    assert labels == {'model="gpt-4o"', 'model="other"'}
+    # The children remembered per raw name are bounded too.
+    assert len(metrics._costs) <= 256 and len(metrics._saved_costs) <= 256

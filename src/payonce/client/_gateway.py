@@ -30,6 +30,7 @@ from urllib.parse import quote
 import httpx2
 
 from payonce.client._call import Lookup
+from payonce.credentials import CREDENTIAL_HEADERS  # the gateway's list (README, "Tenants")
 
 __all__ = [
     "CREDENTIAL_HEADERS",
@@ -40,9 +41,6 @@ __all__ = [
     "response_request",
     "status_request",
 ]
-
-# The headers the gateway derives the tenant from (README, "Tenants").
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 
 
 def _problem_type(headers: httpx2.Headers, body: bytes) -> str | None:

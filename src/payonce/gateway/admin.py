@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, unquote
 
 from payonce.errors import (
     Abandoned,
+    CredentialRequired,
     InvalidIdempotencyKey,
     NotFound,
     ProblemError,
@@ -24,7 +25,7 @@ from payonce.errors import (
     StoreUnavailable,
 )
 from payonce.gateway.asgi import Receive, Scope, Send, send_json
-from payonce.gateway.keys import MAX_KEY_LENGTH
+from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
 from payonce.gateway.relay import relay_stored, send_whole
 from payonce.observe.metrics import CONTENT_TYPE_LATEST
@@ -174,7 +175,9 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         return
     if len(parts) in (4, 5) and parts[2] == "requests" and parts[3]:
         key = _key_from_path(parts[3])
-        tenant = gateway.tenant(scope["headers"])
+        tenant = gateway.tenant(scope["headers"])  # the same tenant as keyed requests
+        if tenant == ANONYMOUS and gateway.settings.require_credential:
+            raise CredentialRequired("send the credential the request was made with")
         wait = _wait_seconds(scope["query_string"])
         if len(parts) == 4:
             record = await _lookup(gateway, tenant, key, wait)

@@ -3,6 +3,7 @@
 Keyed request, in order (DESIGN.md, Outcomes)::
 
     parse key ─ bad ──────────────────────────────────────────► 400
+    no credential and --require-credential ───────────────────► 401
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
@@ -29,6 +30,7 @@ from payonce.clock import Clock, SystemClock
 from payonce.config import GatewaySettings
 from payonce.errors import (
     BadRequestTarget,
+    CredentialRequired,
     FingerprintMismatch,
     IdempotencyKeyRequired,
     InvalidIdempotencyKey,
@@ -50,7 +52,13 @@ from payonce.gateway.asgi import (
     send_response,
 )
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
-from payonce.gateway.keys import Tenants, fingerprint, read_key
+from payonce.gateway.keys import (
+    ANONYMOUS,
+    DEFAULT_CREDENTIAL_HEADERS,
+    Tenants,
+    fingerprint,
+    read_key,
+)
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -149,7 +157,11 @@ class Gateway:
             names.append(b"x-request-id")
         self._key_headers = tuple(names)
         self._tenants = Tenants(
-            settings.tenant_header.lower().encode() if settings.tenant_header else None
+            settings.tenant_header.lower().encode() if settings.tenant_header else None,
+            credential_headers=(
+                *DEFAULT_CREDENTIAL_HEADERS,
+                *(name.encode() for name in settings.credential_header),
+            ),
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
@@ -262,6 +274,15 @@ class Gateway:
             raise IdempotencyKeyRequired(
                 "this gateway requires an Idempotency-Key header on every request"
             )
+        if key is not None and self.settings.require_credential:
+            # Before the body is read: nothing of an anonymous keyed request is used.
+            record.tenant = record.tenant or self.tenant(headers)
+            if record.tenant == ANONYMOUS:
+                raise CredentialRequired(
+                    "this gateway requires a credential (Authorization, x-api-key, api-key,"
+                    " x-goog-api-key or a --credential-header) on requests with an"
+                    " Idempotency-Key"
+                )
         body = await read_body(receive, headers, self.settings.max_body)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         request = ProxiedRequest(
@@ -579,11 +600,13 @@ class Gateway:
                 await self.pending.retry()
 
     async def _flush_replay_counts(self) -> None:
-        # Once a second: replay counts to the store, call log lines to their file.
+        # Once a second: replay counts to the store, call log lines to their file,
+        # and expired replays out of memory (no request may ever ask for them).
         while True:
             await asyncio.sleep(_REPLAY_FLUSH_SECONDS)
             if self.observer.call_log is not None:
                 self.observer.call_log.flush()
+            self.replays.evict_expired()
             await self.replay_counts.flush(self.store)
 
     async def _purge_expired(self, every: float) -> None:

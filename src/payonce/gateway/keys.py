@@ -12,13 +12,27 @@ from collections.abc import Sequence
 
 import orjson
 
+from payonce.credentials import CREDENTIAL_HEADERS
 from payonce.errors import InvalidIdempotencyKey
 
-__all__ = ["MAX_KEY_LENGTH", "Tenants", "fingerprint", "parse_key", "read_key", "tenant_of"]
+__all__ = [
+    "ANONYMOUS",
+    "DEFAULT_CREDENTIAL_HEADERS",
+    "MAX_KEY_LENGTH",
+    "Tenants",
+    "fingerprint",
+    "is_json",
+    "parse_key",
+    "read_key",
+    "tenant_of",
+]
 
 MAX_KEY_LENGTH = 255  # Stripe's limit; the draft sets none.
-_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"api-key")
-_ANONYMOUS = "anonymous"
+DEFAULT_CREDENTIAL_HEADERS = tuple(name.encode() for name in CREDENTIAL_HEADERS)
+# The tenant of requests that carry no credential: they all share it (README,
+# "Security notes"); --require-credential refuses keyed ones instead.
+ANONYMOUS = "anonymous"
+_SALT = b"payonce-tenant\x00"
 
 
 def parse_key(raw: bytes) -> str:
@@ -117,29 +131,53 @@ def _explicit_of(first: str, second: str) -> str:
     )
 
 
-def tenant_of(headers: Sequence[tuple[bytes, bytes]], tenant_header: bytes | None = None) -> str:
+def tenant_of(
+    headers: Sequence[tuple[bytes, bytes]],
+    tenant_header: bytes | None = None,
+    credential_headers: Sequence[bytes] = DEFAULT_CREDENTIAL_HEADERS,
+) -> str:
     """A hash naming the caller, so two credentials never share a record.
 
     The credential itself is never stored or logged, only this hash. ``Bearer``
     is dropped so one API key sent as ``Authorization`` (OpenAI SDK) or as
-    ``x-api-key`` (Anthropic SDK) is one tenant.
+    ``x-api-key`` (Anthropic SDK) is one tenant. A request carrying several
+    credentials (a proxy's token and a provider key) is the tenant of all of
+    them together: sharing one of them must not be enough to share records.
+    Without any, the request is in the one :data:`ANONYMOUS` tenant.
     """
-    wanted = (tenant_header,) if tenant_header else _CREDENTIAL_HEADERS
-    for name, value in headers:
-        if name in wanted:
-            tenant = _tenant_hash(value)
-            if tenant is not None:
-                return tenant
-    return _ANONYMOUS
+    wanted = (tenant_header,) if tenant_header else tuple(credential_headers)
+    return _tenant_of_values([value for name, value in headers if name in wanted])
 
 
-def _tenant_hash(value: bytes) -> str | None:
+def _tenant_of_values(values: Sequence[bytes]) -> str:
+    secrets = sorted({secret for secret in map(_secret, values) if secret})
+    if not secrets:
+        return ANONYMOUS
+    if len(secrets) == 1:
+        return _digest(secrets[0])
+    # Length-prefixed, so no list of secrets can read as another list or as one.
+    joined = b"".join(len(secret).to_bytes(4, "big") + secret for secret in secrets)
+    return _digest(b"several\x00" + joined)
+
+
+def _secret(value: bytes) -> bytes:
     secret = value.strip()
     if secret[:7].lower() == b"bearer ":
         secret = secret[7:].strip()
-    if not secret:
-        return None
-    return hashlib.sha256(b"payonce-tenant\x00" + secret).hexdigest()[:32]
+    elif secret.lower() == b"bearer":
+        # "Bearer " with an empty key (stripped by the way): no credential at all,
+        # not a secret every caller without a key would share.
+        return b""
+    return secret
+
+
+def _digest(secret: bytes) -> str:
+    return hashlib.sha256(_SALT + secret).hexdigest()[:32]
+
+
+def _tenant_hash(value: bytes) -> str | None:
+    secret = _secret(value)
+    return _digest(secret) if secret else None
 
 
 class Tenants:
@@ -150,46 +188,94 @@ class Tenants:
     memory is keyed by two of Python's own hashes of the header value (SipHash
     with this process's random key, over two different inputs): 128 bits that
     cannot be turned back into the credential, which is still never kept. At
-    ``size`` entries the memory is cleared and starts again.
+    ``size`` entries the memory is cleared and starts again. Requests with
+    several credentials (rare) are hashed each time.
     """
 
-    def __init__(self, tenant_header: bytes | None = None, size: int = 4096) -> None:
-        self._wanted = (tenant_header,) if tenant_header else _CREDENTIAL_HEADERS
+    def __init__(
+        self,
+        tenant_header: bytes | None = None,
+        size: int = 4096,
+        credential_headers: Sequence[bytes] = DEFAULT_CREDENTIAL_HEADERS,
+    ) -> None:
+        self._wanted = (tenant_header,) if tenant_header else tuple(credential_headers)
         self._size = size
         self._known: dict[tuple[int, int], str] = {}
 
     def of(self, headers: Sequence[tuple[bytes, bytes]]) -> str:
         wanted = self._wanted
+        found: bytes | None = None
+        several: list[bytes] | None = None
         for name, value in headers:
             if name in wanted:
-                digest = (hash(value), hash(_SALT + value))
-                tenant = self._known.get(digest)
-                if tenant is not None:
-                    return tenant
-                tenant = _tenant_hash(value)
-                if tenant is not None:
-                    if len(self._known) >= self._size:
-                        self._known.clear()
-                    self._known[digest] = tenant
-                    return tenant
-        return _ANONYMOUS
-
-
-_SALT = b"payonce-tenant\x00"
+                if found is None:
+                    found = value
+                elif several is None:
+                    several = [found, value]
+                else:
+                    several.append(value)
+        if found is None:
+            return ANONYMOUS
+        if several is not None:
+            return _tenant_of_values(several)
+        digest = (hash(found), hash(_SALT + found))
+        tenant = self._known.get(digest)
+        if tenant is not None:
+            return tenant
+        tenant = _tenant_hash(found)
+        if tenant is None:
+            return ANONYMOUS
+        if len(self._known) >= self._size:
+            self._known.clear()
+        self._known[digest] = tenant
+        return tenant
 
 
 def _canonical_json(body: bytes) -> bytes:
-    # orjson (sorted keys, compact, UTF-8) is ten times faster than json here.
-    # What it cannot represent (NaN, integers past 64 bits) goes through json.
+    """The canonical form of a JSON body, or the body itself where there is none.
+
+    Defined for every body (README, "Same request?"), so a request an upstream
+    would take never fails here. Which branch a body takes depends only on the
+    value it holds (never on its key order or whitespace), and no two branches
+    produce the same bytes for different values: each canonical output parses
+    back to its own value, and a raw body is one no branch could parse.
+    """
+    # orjson (sorted keys, compact, UTF-8) is ten times faster than json: the
+    # keyed hot path. Integers past 64 bits and floats are read as IEEE doubles.
     try:
         return orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):
+            return body  # nested past 1,024 levels: the raw bytes are the fingerprint
+    except orjson.JSONEncodeError:
         pass
+    # What orjson refuses: NaN and Infinity, numbers past a double (1e400), UTF-16
+    # and UTF-32 bodies, lone surrogate escapes ("\ud83d", a cut emoji).
     try:
         parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return body  # not JSON after all: the raw bytes are the fingerprint
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        # Not JSON after all (UnicodeDecodeError is a ValueError), or nested past
+        # what the recursive json module reads: the raw bytes are the fingerprint.
+        return body
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate has no UTF-8 form: keep every non-ASCII character
+        # escaped instead (bytes no UTF-8 output of another value can equal).
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+
+
+def is_json(content_type: bytes | None) -> bool:
+    """Whether a body is canonicalised as JSON: no Content-Type, or a JSON media type.
+
+    The media type is compared case-insensitively and its parameters are ignored
+    (RFC 9110 section 8.3.1): ``Application/JSON; charset=utf-8`` is JSON, and so
+    is any type naming json (``application/vnd.api+json``, ``application/x-ndjson``).
+    """
+    if content_type is None or content_type == b"application/json":
+        return True
+    return b"json" in content_type.split(b";", 1)[0].lower()
 
 
 def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None) -> str:
@@ -199,7 +285,7 @@ def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None)
     order does not matter while array order does (DESIGN.md, Fingerprint).
     """
     canonical = body
-    if body and (content_type is None or b"json" in content_type):
+    if body and is_json(content_type):
         canonical = _canonical_json(body)
     digest = hashlib.sha256()
     digest.update(method.encode() + b"\x00" + path.encode() + b"\x00")

@@ -2,7 +2,9 @@
 
 Every name here is what ``deploy/grafana/payonce.json`` queries (a test checks
 that). Labels stay low-cardinality: no tenant, key or model label on counters
-that grow per request, except ``model`` on cost counters (a handful of values).
+that grow per request, except ``model`` on cost counters, whose values are the
+price table's names (built in and ``--prices``) and ``other``: never a name a
+caller made up (:func:`model_label`).
 
 Idempotency hit rate: ``(replayed + joined) / (forwarded + replayed + joined)``
 from ``payonce_requests_total{outcome}``. Cost per successful call:
@@ -17,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from payonce.observe.pricing import priced_name
+
 if TYPE_CHECKING:
     from payonce.gateway.observing import UpstreamFacts
     from payonce.observe.calllog import CallRecord
 
-__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics", "model_label"]
 
 OUTCOMES = (
     "forwarded",
@@ -40,6 +44,22 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
 )  # fmt: skip
+
+
+# Distinct raw model names whose counter children are remembered, before the
+# memory starts again (callers choose model names, so they are unbounded).
+_MODEL_CHILDREN = 256
+
+
+def model_label(model: str | None) -> str:
+    """The ``model`` label of a call: its price table entry, else ``other``.
+
+    A dated snapshot (``gpt-4o-2024-08-06``) is labelled with the entry that
+    prices it (``gpt-4o``), and so is any name starting with a priced one; a
+    model the table does not know, or none, is ``other``.
+    """
+    name = priced_name(model) if model is not None else None
+    return name if name is not None else "other"
 
 
 def _status_class(status: int) -> str:
@@ -212,16 +232,20 @@ class Metrics:
         self._answered: dict[tuple[str, int], int] = {}  # (outcome, status) -> requests
 
     def cost_of(self, model: str | None) -> Any:
-        """The cost counter of ``model`` (children cached: a handful of models)."""
+        """The cost counter of ``model``, labelled :func:`model_label` (children cached)."""
         child = self._costs.get(model)
         if child is None:
-            child = self._costs[model] = self.cost.labels(model or "unknown")
+            if len(self._costs) >= _MODEL_CHILDREN:
+                self._costs.clear()
+            child = self._costs[model] = self.cost.labels(model_label(model))
         return child
 
     def saved_cost_of(self, model: str | None) -> Any:
         child = self._saved_costs.get(model)
         if child is None:
-            child = self._saved_costs[model] = self.saved_cost.labels(model or "unknown")
+            if len(self._saved_costs) >= _MODEL_CHILDREN:
+                self._saved_costs.clear()
+            child = self._saved_costs[model] = self.saved_cost.labels(model_label(model))
         return child
 
     def upstream_child(self, status: int | None) -> Any:

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from payonce.errors import ConfigError
 
-__all__ = ["PRICES", "ModelPrice", "cost_of", "install_prices", "load_prices", "price_of"]
+__all__ = [
+    "PRICES",
+    "ModelPrice",
+    "cost_of",
+    "install_prices",
+    "load_prices",
+    "price_of",
+    "priced_name",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +112,26 @@ def install_prices(extra: Mapping[str, ModelPrice]) -> None:
     PRICES.update(extra)
     _LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
     price_of.cache_clear()
+    priced_name.cache_clear()
 
 
 @functools.lru_cache(maxsize=1024)
 def price_of(model: str) -> ModelPrice | None:
     """Exact name first, then the longest entry the name starts with (dated snapshots)."""
+    name = priced_name(model)
+    return PRICES[name] if name is not None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def priced_name(model: str) -> str | None:
+    """The table entry that prices ``model`` (``gpt-4o-mini`` for ``gpt-4o-mini-2024-07-18``).
+
+    A bounded name for ``model``: the metrics label it (a caller picks the model
+    name, and the upstream echoes it back).
+    """
     if model in PRICES:
-        return PRICES[model]
-    return next((PRICES[name] for name in _LONGEST_FIRST if model.startswith(name)), None)
+        return model
+    return next((name for name in _LONGEST_FIRST if model.startswith(name)), None)
 
 
 def cost_of(model: str | None, usage: Mapping[str, int] | None) -> float | None:
