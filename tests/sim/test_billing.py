@@ -140,3 +140,14 @@ def test_csv_is_flushed_within_seconds_without_reading_the_ledger(
     while path.read_text().count("\n") < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(read_csv(path)) == 1
+
+
+def test_the_end_user_a_request_names_is_on_its_bill_line(fresh_sim: Sim) -> None:
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    assert fresh_sim.post("/v1/chat/completions", {**body, "user": "order-7"}).status_code == 200
+    message = {**body, "model": "claude-3-5-haiku-latest", "max_tokens": 8}
+    sent = {**message, "metadata": {"user_id": "order-8"}}
+    assert fresh_sim.post("/v1/messages", sent).status_code == 200
+    assert fresh_sim.post("/v1/chat/completions", body).status_code == 200
+    users = [entry["user"] for entry in fresh_sim.ledger()["entries"]]
+    assert users == ["order-7", "order-8", ""]

@@ -47,6 +47,7 @@ def test_billing_and_summary() -> None:
         "cost_usd": 0.0001625,
         "finished_at": "2023-11-14T22:13:20.250Z",
         "client_connected": False,
+        "user": "",
     }
     assert ledger.summary(with_entries=False)["entries"] == []
 
@@ -89,6 +90,7 @@ def test_csv_header_once_rows_appended_and_kept_across_reset(tmp_path: Path) -> 
         "0.0001625",
         "2023-11-14T22:13:20.250Z",
         "false",
+        "",
     ]
 
 

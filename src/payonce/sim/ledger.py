@@ -35,6 +35,7 @@ CSV_FIELDS = (
     "cost_usd",
     "finished_at",
     "client_connected",
+    "user",
 )
 
 
@@ -60,6 +61,7 @@ class LedgerEntry:
     cost_usd: float
     finished_at: float
     client_connected: bool
+    user: str = ""  # the end user the request named (OpenAI "user"), "" when none
 
     def as_dict(self) -> dict[str, Any]:
         """The entry as JSON-ready values, keys in :data:`CSV_FIELDS` order."""
@@ -72,6 +74,7 @@ class LedgerEntry:
             "cost_usd": self.cost_usd,
             "finished_at": format_timestamp(self.finished_at),
             "client_connected": self.client_connected,
+            "user": self.user,
         }
 
 
@@ -106,6 +109,7 @@ class CsvExport:
                 entry.cost_usd,
                 format_timestamp(entry.finished_at),
                 "true" if entry.client_connected else "false",
+                entry.user,
             )
         )
         self._dirty = True

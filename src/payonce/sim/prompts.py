@@ -69,6 +69,8 @@ class Ask:
     base64: bool = False  # embeddings: encoding_format=base64
     stream: bool = False  # "stream": true, answered as server-sent events
     include_usage: bool = False  # OpenAI streams: stream_options.include_usage
+    # The end user the caller named: OpenAI's "user", Anthropic's metadata.user_id.
+    user: str = ""
 
     @property
     def output_tokens(self) -> int:

@@ -50,7 +50,7 @@ import asyncio
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -148,7 +148,11 @@ class Simulator:
                 status = self._faults.draw(self._rng)
             if status is not None:
                 return self._refuse(endpoint.api, status, request_id)
-            ask = endpoint.parse(await _read_json(request))
+            document = await _read_json(request)
+            ask = endpoint.parse(document)
+            user = _end_user(document)
+            if user:
+                ask = replace(ask, user=user)
         except BadRequest as exc:
             body = error_body(endpoint.api, 400, exc.message, param=exc.param, code=exc.code)
             return _json_response(body, 400, endpoint.api, request_id)
@@ -239,6 +243,7 @@ class Simulator:
                 cost_usd=cost_usd(ask.model, ask.input_tokens, ask.output_tokens),
                 finished_at=now,
                 client_connected=connected,
+                user=ask.user,
             )
         )
         return now
@@ -276,6 +281,22 @@ async def _read_json(request: web.Request) -> object:
         raise BadRequest(
             "We could not parse the JSON body of your request. The body must be valid JSON."
         ) from None
+
+
+def _end_user(document: object) -> str:
+    """The end user a request names (OpenAI ``user``, Anthropic ``metadata.user_id``).
+
+    Billing exports can group by it (OpenAI's usage API by ``user_id``); the
+    ledger records it so a bill line can be traced to the business request that
+    caused it (``payonce demo`` tags each business request this way).
+    """
+    if not isinstance(document, dict):
+        return ""
+    user = document.get("user")
+    metadata = document.get("metadata")
+    if not isinstance(user, str) and isinstance(metadata, dict):
+        user = metadata.get("user_id")
+    return user[:256] if isinstance(user, str) else ""
 
 
 def _client_connected(request: web.Request) -> bool:
