@@ -75,8 +75,20 @@ def test_reset(fresh_sim: Sim) -> None:
     assert (before["requests"], before["billed"]) == (2, 1)
     assert before["cost_usd"] > 0
     response = httpx.delete(fresh_sim.url + "/_sim/ledger", timeout=10)
-    assert response.json() == {"billed": 0, "cost_usd": 0.0, "requests": 0, "entries": []}
-    assert fresh_sim.ledger() == {"billed": 0, "cost_usd": 0.0, "requests": 0, "entries": []}
+    assert response.json() == {
+        "billed": 0,
+        "cost_usd": 0.0,
+        "requests": 0,
+        "generating": 0,
+        "entries": [],
+    }
+    assert fresh_sim.ledger() == {
+        "billed": 0,
+        "cost_usd": 0.0,
+        "requests": 0,
+        "generating": 0,
+        "entries": [],
+    }
     fresh_sim.chat()
     assert fresh_sim.ledger()["requests"] == 1
 
@@ -151,3 +163,11 @@ def test_the_end_user_a_request_names_is_on_its_bill_line(fresh_sim: Sim) -> Non
     assert fresh_sim.post("/v1/chat/completions", body).status_code == 200
     users = [entry["user"] for entry in fresh_sim.ledger()["entries"]]
     assert users == ["order-7", "order-8", ""]
+
+
+def test_the_ledger_counts_generations_still_running(fresh_sim: Sim) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        fresh_sim.chat(headers={"X-Sim-Delay-Ms": "800"}, timeout=0.2)
+    assert fresh_sim.ledger()["generating"] == 1, "still generating, to be billed"
+    ledger = wait_for_billed(fresh_sim, 1)
+    assert (ledger["generating"], ledger["billed"]) == (0, 1)

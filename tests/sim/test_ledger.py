@@ -57,7 +57,13 @@ def test_reset() -> None:
     ledger.count_request()
     ledger.bill(entry())
     ledger.reset()
-    assert ledger.summary() == {"billed": 0, "cost_usd": 0.0, "requests": 0, "entries": []}
+    assert ledger.summary() == {
+        "billed": 0,
+        "cost_usd": 0.0,
+        "requests": 0,
+        "generating": 0,
+        "entries": [],
+    }
 
 
 def read_rows(path: Path) -> list[list[str]]:

@@ -10,7 +10,7 @@ POST /v1/messages          Anthropic message (``"stream": true``: its events)
 GET  /v1/models            the priced models (Anthropic's list shape when the request
                            has an ``anthropic-version`` header)
 GET  /_sim/health          ``{"status": "ok"}``
-GET  /_sim/ledger          ``{"billed", "cost_usd", "requests", "entries"}``;
+GET  /_sim/ledger          ``{"billed", "cost_usd", "requests", "generating", "entries"}``;
                            ``?entries=0`` leaves the entries out
 DELETE /_sim/ledger        reset the in-memory ledger (the CSV export keeps its rows)
 anything else              404 in the provider's JSON error shape

@@ -135,6 +135,9 @@ class Ledger:
         self.requests = 0
         self.cost_usd = 0.0
         self.entries: list[LedgerEntry] = []
+        # Generations started and not finished yet: each will be billed when it
+        # finishes (unless its stream dies), whether or not anyone still waits.
+        self.generating = 0
 
     def count_request(self) -> None:
         """Note one request received on a generation endpoint, whatever its outcome."""
@@ -159,10 +162,11 @@ class Ledger:
         return len(self.entries)
 
     def summary(self, *, with_entries: bool = True) -> dict[str, Any]:
-        """``{"billed", "cost_usd", "requests", "entries"}``, as ``GET /_sim/ledger`` answers."""
+        """``{"billed", "cost_usd", "requests", "generating", "entries"}`` (``GET /_sim/ledger``)."""
         return {
             "billed": self.billed,
             "cost_usd": round(self.cost_usd, 12),
             "requests": self.requests,
+            "generating": self.generating,
             "entries": [entry.as_dict() for entry in self.entries] if with_entries else [],
         }

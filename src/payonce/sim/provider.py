@@ -160,14 +160,17 @@ class Simulator:
         delay = overrides.delay
         if delay is None:
             delay = self._latency.sample(self._rng)
-        if ask.stream and endpoint.stream is not None:
-            return await self._stream(request, endpoint, ask, request_id, overrides, delay)
-        if delay > 0:
-            # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
-            # generation) runs to the end even if the client disconnects meanwhile.
-            await asyncio.sleep(delay)
-
-        now = self._bill(endpoint, ask, request_id, _client_connected(request))
+        self.ledger.generating += 1
+        try:
+            if ask.stream and endpoint.stream is not None:
+                return await self._stream(request, endpoint, ask, request_id, overrides, delay)
+            if delay > 0:
+                # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
+                # generation) runs to the end even if the client disconnects meanwhile.
+                await asyncio.sleep(delay)
+            now = self._bill(endpoint, ask, request_id, _client_connected(request))
+        finally:
+            self.ledger.generating -= 1
         if self._drop(overrides):
             return _drop_connection(request)
         body = endpoint.render(ask, request_id, int(now))
