@@ -74,6 +74,18 @@ def test_litellm_unknown_factor_is_said_honestly() -> None:
     assert "at least 6" in text
 
 
+def test_a_key_on_one_branch_names_the_path_without_it() -> None:
+    path = FIXTURES / "python/key_paths.py"
+    (one_branch, built_last, elif_chain, inline) = messages(path, "PO201")
+    assert "on the path where `use_key` is false" in one_branch
+    assert "on the path where `use_key` is false" in built_last  # if not use_key: headers = {}
+    assert "`tier == 'gold'` is false and `tier == 'silver'` is false" in elif_chain
+    assert "on the path where `use_key` is false" in inline
+    (sdk,) = messages(path, "PO202")
+    assert "on the path where `use_key` is false" in sdk
+    assert all("on the path where" in text for text in messages(path, "PO401"))
+
+
 def test_proxy_stacks() -> None:
     (first, second) = messages(FIXTURES / "configs/envoy.yaml", "PO502")
     assert "up to 4 billed calls per request, 12 with the callers' default SDK retries" in first

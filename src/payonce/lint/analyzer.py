@@ -8,8 +8,10 @@ call and every call from one local function to another, and checks timeouts
 and timeout handlers. Retry layers then flow along local calls (a helper
 called from a retry loop is retried too) before the call sites are judged.
 
-Everything is per file and flow-insensitive: the last assignment of a name
-wins. The linter prefers saying nothing to guessing (``KeyState.UNKNOWN``).
+Everything is per file and flow-insensitive (the last assignment of a name
+wins), except whether headers carry a key on every path to a call
+(:mod:`payonce.lint.keypaths`). The linter prefers saying nothing to guessing
+(``KeyState.UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from payonce.lint.calls import KeyState, LlmCall, recognise
+from payonce.lint.calls import LlmCall, recognise
 from payonce.lint.findings import Finding
+from payonce.lint.keypaths import KeyPaths, key_paths
 from payonce.lint.names import ModuleNames, dotted, iter_calls, walk_local
 from payonce.lint.retries import (
     RetryLayer,
@@ -97,6 +100,7 @@ class _Analyzer:
         self.sites: list[_Site] = []
         self.edges: list[_Edge] = []
         self.callers: dict[int, list[_Edge]] = {}
+        self.key_paths_seen: dict[tuple[int, str], KeyPaths | None] = {}
         # The openai module's own client, configured by openai.max_retries = N.
         self.module_client = ClientInfo(
             ClientKind.OPENAI, "openai (module)", 0, SDK_DEFAULT_RETRIES, False
@@ -384,7 +388,18 @@ class _Analyzer:
         return None
 
     def _recognise(self, call: ast.Call) -> LlmCall | None:
-        return recognise(call, self.names, self._client_of, self._value_of)
+        return recognise(call, self.names, self._client_of, self._value_of, self._key_paths)
+
+    def _key_paths(self, call: ast.Call, name: str) -> KeyPaths | None:
+        """On which paths to ``call`` the headers variable ``name`` holds a key."""
+        seen = (id(call), name)
+        if seen not in self.key_paths_seen:
+            scope = self._function_scope()
+            found = None
+            if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+                found = key_paths(scope.body, name, call, self.names)
+            self.key_paths_seen[seen] = found
+        return self.key_paths_seen[seen]
 
     def _record_site(self, llm: LlmCall) -> None:
         fresh_here = fresh_anywhere = False
@@ -432,7 +447,7 @@ class _Analyzer:
 
     def _check_timeout_handlers(self, node: ast.Try | ast.TryStar) -> None:
         sent = [llm for call in iter_calls(node.body) if (llm := self._recognise(call))]
-        unkeyed = [llm for llm in sent if llm.key is KeyState.NONE]
+        unkeyed = [llm for llm in sent if llm.unkeyed]
         if not unkeyed:
             return
         for handler in node.handlers:
@@ -441,11 +456,16 @@ class _Analyzer:
                 continue
             how = self._how_it_resends(handler)
             if how is not None:
-                line = unkeyed[0].node.lineno
+                line, gap = unkeyed[0].node.lineno, unkeyed[0].key_gap
+                missing = (
+                    f"without an idempotency key{gap} and without a status check"
+                    if gap
+                    else "without an idempotency key or a status check"
+                )
                 self._add(
                     handler,
                     "PO401",
-                    f"except {caught} {how}, without an idempotency key or a status check:"
+                    f"except {caught} {how}, {missing}:"
                     f" the call on line {line} has usually finished and been billed when the"
                     " client times out; send a key generated once per request, or check the"
                     " request's status before re-sending",
