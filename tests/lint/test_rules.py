@@ -86,6 +86,21 @@ def test_a_key_on_one_branch_names_the_path_without_it() -> None:
     assert all("on the path where" in text for text in messages(path, "PO401"))
 
 
+def test_an_annotated_parameter_is_a_client_built_elsewhere() -> None:
+    path = FIXTURES / "python/annotated_clients.py"
+    (first, *_) = messages(path, "PO101")
+    assert (
+        "parameter `client: openai.OpenAI`, constructed elsewhere:"
+        " assumed the SDK default max_retries=2" in first
+    )
+    assert "3 x 3 = 9 billed calls" in first
+    assert "with_options(max_retries=0)" in first  # the fix works without the constructor
+    texts = messages(path, "PO202")
+    assert any("parameter `client: AsyncAnthropic | None`" in text for text in texts)
+    assert any("parameter `client: 'Optional[anthropic.AsyncAnthropic]'`" in text for text in texts)
+    assert any("Anthropic SDK client `client`" in text for text in texts)
+
+
 def test_proxy_stacks() -> None:
     (first, second) = messages(FIXTURES / "configs/envoy.yaml", "PO502")
     assert "up to 4 billed calls per request, 12 with the callers' default SDK retries" in first

@@ -10,8 +10,9 @@ called from a retry loop is retried too) before the call sites are judged.
 
 Everything is per file and flow-insensitive (the last assignment of a name
 wins), except whether headers carry a key on every path to a call
-(:mod:`payonce.lint.keypaths`). The linter prefers saying nothing to guessing
-(``KeyState.UNKNOWN``).
+(:mod:`payonce.lint.keypaths`). A parameter annotated with an SDK client type
+is that client with the SDK's defaults. The linter prefers saying nothing to
+guessing (``KeyState.UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from payonce.lint.sdk import (
     SDK_DEFAULT_RETRIES,
     ClientInfo,
     ClientKind,
+    client_from_annotation,
     client_from_call,
     derive_client,
     is_deriving_call,
@@ -60,6 +62,17 @@ _STATUS_CHECK = re.compile(r"status|retrieve|lookup|poll", re.IGNORECASE)
 _TIMEOUT_EXCEPTIONS = frozenset({"APITimeoutError", "ReadTimeout", "TimeoutException"})
 _TIMEOUT_MODULES = frozenset({"openai", "anthropic", "httpx", "requests", "litellm", "aiohttp"})
 _MAX_STACKS = 16
+_CLIENT_ROOTS = frozenset(
+    {
+        "openai",
+        "anthropic",
+        "langchain",
+        "langchain_openai",
+        "langchain_anthropic",
+        "langchain_community",
+        "litellm",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +193,12 @@ class _Analyzer:
         if isinstance(node, ast.Await):
             return self._client_of(node.value)
         if isinstance(node, ast.BoolOp | ast.IfExp):
-            # client or OpenAI(...), OpenAI(...) if x else AsyncOpenAI(...): the one we can see.
+            # client or OpenAI(...), OpenAI(...) if x else AsyncOpenAI(...): the one we can
+            # see constructed, before one only a parameter's annotation describes.
             options = node.values if isinstance(node, ast.BoolOp) else [node.body, node.orelse]
-            for option in options:
-                found = self._client_of(option)
-                if found is not None:
-                    return found
-            return None
+            seen = [client for option in options if (client := self._client_of(option))]
+            constructed = [client for client in seen if client.origin is None]
+            return (constructed or seen)[0] if seen else None
         if self.names.qualify(node) == "openai":
             return self.module_client  # openai.chat.completions.create(...)
         return self._lookup(self.clients, node)
@@ -219,6 +231,8 @@ class _Analyzer:
         if scoped:
             assert isinstance(node, _Scope)
             self.stack.append(node)
+            if isinstance(node, _FUNCTIONS) and self.names.imported_roots & _CLIENT_ROOTS:
+                self._bind_parameters(node)
         for child in ast.iter_child_nodes(node):
             if isinstance(child, _FUNCTIONS):
                 self._record_function(child)
@@ -238,6 +252,14 @@ class _Analyzer:
             self.functions[(id(self.stack[-1]), "self." + function.name)] = id(function)
         else:
             self.functions[(id(self.stack[-1]), function.name)] = id(function)
+
+    def _bind_parameters(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        # `client: openai.AsyncOpenAI`: built elsewhere, with the SDK's defaults.
+        arguments = function.args
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            client = client_from_annotation(argument, self.names)
+            if client is not None:
+                self.clients[(id(function), argument.arg)] = client
 
     def _bind_assignment(self, node: ast.Assign | ast.AnnAssign | ast.NamedExpr) -> None:
         if node.value is None:

@@ -98,6 +98,12 @@ def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:
 def _sdk_fix(llm: LlmCall) -> str:
     if llm.client is None and llm.what.startswith("litellm."):
         return "pass max_retries=0 and num_retries=0"
+    if llm.client is not None and llm.client.origin is not None:
+        # Built in another module: the fix may not be reachable from here.
+        return (
+            "construct it with max_retries=0 where it is built (or call it through"
+            f" `{llm.client.name}.with_options(max_retries=0)`)"
+        )
     return "construct it with max_retries=0"
 
 
