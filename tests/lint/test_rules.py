@@ -101,6 +101,17 @@ def test_an_annotated_parameter_is_a_client_built_elsewhere() -> None:
     assert any("Anthropic SDK client `client`" in text for text in texts)
 
 
+def test_the_demo_shape_reports_run_a() -> None:
+    path = FIXTURES / "python/demo_ask.py"
+    (po101, *_) = messages(path, "PO101")
+    assert "parameter `client: openai.AsyncOpenAI`, constructed elsewhere" in po101
+    assert "3 x 2 = 6 billed calls" in po101
+    (po201,) = messages(path, "PO201")
+    assert "on the path where `use_key` is false" in po201
+    (po401,) = messages(path, "PO401")
+    assert "on the path where `use_key` is false" in po401
+
+
 def test_proxy_stacks() -> None:
     (first, second) = messages(FIXTURES / "configs/envoy.yaml", "PO502")
     assert "up to 4 billed calls per request, 12 with the callers' default SDK retries" in first
