@@ -74,6 +74,44 @@ def test_litellm_unknown_factor_is_said_honestly() -> None:
     assert "at least 6" in text
 
 
+def test_a_key_on_one_branch_names_the_path_without_it() -> None:
+    path = FIXTURES / "python/key_paths.py"
+    (one_branch, built_last, elif_chain, inline) = messages(path, "PO201")
+    assert "on the path where `use_key` is false" in one_branch
+    assert "on the path where `use_key` is false" in built_last  # if not use_key: headers = {}
+    assert "`tier == 'gold'` is false and `tier == 'silver'` is false" in elif_chain
+    assert "on the path where `use_key` is false" in inline
+    (sdk,) = messages(path, "PO202")
+    assert "on the path where `use_key` is false" in sdk
+    assert all("on the path where" in text for text in messages(path, "PO401"))
+
+
+def test_an_annotated_parameter_is_a_client_built_elsewhere() -> None:
+    path = FIXTURES / "python/annotated_clients.py"
+    (first, *_) = messages(path, "PO101")
+    assert (
+        "parameter `client: openai.OpenAI`, constructed elsewhere:"
+        " assumed the SDK default max_retries=2" in first
+    )
+    assert "3 x 3 = 9 billed calls" in first
+    assert "with_options(max_retries=0)" in first  # the fix works without the constructor
+    texts = messages(path, "PO202")
+    assert any("parameter `client: AsyncAnthropic | None`" in text for text in texts)
+    assert any("parameter `client: 'Optional[anthropic.AsyncAnthropic]'`" in text for text in texts)
+    assert any("Anthropic SDK client `client`" in text for text in texts)
+
+
+def test_the_demo_shape_reports_run_a() -> None:
+    path = FIXTURES / "python/demo_ask.py"
+    (po101, *_) = messages(path, "PO101")
+    assert "parameter `client: openai.AsyncOpenAI`, constructed elsewhere" in po101
+    assert "3 x 2 = 6 billed calls" in po101
+    (po201,) = messages(path, "PO201")
+    assert "on the path where `use_key` is false" in po201
+    (po401,) = messages(path, "PO401")
+    assert "on the path where `use_key` is false" in po401
+
+
 def test_proxy_stacks() -> None:
     (first, second) = messages(FIXTURES / "configs/envoy.yaml", "PO502")
     assert "up to 4 billed calls per request, 12 with the callers' default SDK retries" in first

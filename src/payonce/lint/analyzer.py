@@ -8,8 +8,11 @@ call and every call from one local function to another, and checks timeouts
 and timeout handlers. Retry layers then flow along local calls (a helper
 called from a retry loop is retried too) before the call sites are judged.
 
-Everything is per file and flow-insensitive: the last assignment of a name
-wins. The linter prefers saying nothing to guessing (``KeyState.UNKNOWN``).
+Everything is per file and flow-insensitive (the last assignment of a name
+wins), except whether headers carry a key on every path to a call
+(:mod:`payonce.lint.keypaths`). A parameter annotated with an SDK client type
+is that client with the SDK's defaults. The linter prefers saying nothing to
+guessing (``KeyState.UNKNOWN``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from payonce.lint.calls import KeyState, LlmCall, recognise
+from payonce.lint.calls import LlmCall, recognise
 from payonce.lint.findings import Finding
+from payonce.lint.keypaths import KeyPaths, key_paths
 from payonce.lint.names import ModuleNames, dotted, iter_calls, walk_local
 from payonce.lint.retries import (
     RetryLayer,
@@ -33,6 +37,7 @@ from payonce.lint.sdk import (
     SDK_DEFAULT_RETRIES,
     ClientInfo,
     ClientKind,
+    client_from_annotation,
     client_from_call,
     derive_client,
     is_deriving_call,
@@ -57,6 +62,17 @@ _STATUS_CHECK = re.compile(r"status|retrieve|lookup|poll", re.IGNORECASE)
 _TIMEOUT_EXCEPTIONS = frozenset({"APITimeoutError", "ReadTimeout", "TimeoutException"})
 _TIMEOUT_MODULES = frozenset({"openai", "anthropic", "httpx", "requests", "litellm", "aiohttp"})
 _MAX_STACKS = 16
+_CLIENT_ROOTS = frozenset(
+    {
+        "openai",
+        "anthropic",
+        "langchain",
+        "langchain_openai",
+        "langchain_anthropic",
+        "langchain_community",
+        "litellm",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +113,7 @@ class _Analyzer:
         self.sites: list[_Site] = []
         self.edges: list[_Edge] = []
         self.callers: dict[int, list[_Edge]] = {}
+        self.key_paths_seen: dict[tuple[int, str], KeyPaths | None] = {}
         # The openai module's own client, configured by openai.max_retries = N.
         self.module_client = ClientInfo(
             ClientKind.OPENAI, "openai (module)", 0, SDK_DEFAULT_RETRIES, False
@@ -176,13 +193,12 @@ class _Analyzer:
         if isinstance(node, ast.Await):
             return self._client_of(node.value)
         if isinstance(node, ast.BoolOp | ast.IfExp):
-            # client or OpenAI(...), OpenAI(...) if x else AsyncOpenAI(...): the one we can see.
+            # client or OpenAI(...), OpenAI(...) if x else AsyncOpenAI(...): the one we can
+            # see constructed, before one only a parameter's annotation describes.
             options = node.values if isinstance(node, ast.BoolOp) else [node.body, node.orelse]
-            for option in options:
-                found = self._client_of(option)
-                if found is not None:
-                    return found
-            return None
+            seen = [client for option in options if (client := self._client_of(option))]
+            constructed = [client for client in seen if client.origin is None]
+            return (constructed or seen)[0] if seen else None
         if self.names.qualify(node) == "openai":
             return self.module_client  # openai.chat.completions.create(...)
         return self._lookup(self.clients, node)
@@ -215,6 +231,8 @@ class _Analyzer:
         if scoped:
             assert isinstance(node, _Scope)
             self.stack.append(node)
+            if isinstance(node, _FUNCTIONS) and self.names.imported_roots & _CLIENT_ROOTS:
+                self._bind_parameters(node)
         for child in ast.iter_child_nodes(node):
             if isinstance(child, _FUNCTIONS):
                 self._record_function(child)
@@ -234,6 +252,14 @@ class _Analyzer:
             self.functions[(id(self.stack[-1]), "self." + function.name)] = id(function)
         else:
             self.functions[(id(self.stack[-1]), function.name)] = id(function)
+
+    def _bind_parameters(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        # `client: openai.AsyncOpenAI`: built elsewhere, with the SDK's defaults.
+        arguments = function.args
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            client = client_from_annotation(argument, self.names)
+            if client is not None:
+                self.clients[(id(function), argument.arg)] = client
 
     def _bind_assignment(self, node: ast.Assign | ast.AnnAssign | ast.NamedExpr) -> None:
         if node.value is None:
@@ -384,7 +410,18 @@ class _Analyzer:
         return None
 
     def _recognise(self, call: ast.Call) -> LlmCall | None:
-        return recognise(call, self.names, self._client_of, self._value_of)
+        return recognise(call, self.names, self._client_of, self._value_of, self._key_paths)
+
+    def _key_paths(self, call: ast.Call, name: str) -> KeyPaths | None:
+        """On which paths to ``call`` the headers variable ``name`` holds a key."""
+        seen = (id(call), name)
+        if seen not in self.key_paths_seen:
+            scope = self._function_scope()
+            found = None
+            if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+                found = key_paths(scope.body, name, call, self.names)
+            self.key_paths_seen[seen] = found
+        return self.key_paths_seen[seen]
 
     def _record_site(self, llm: LlmCall) -> None:
         fresh_here = fresh_anywhere = False
@@ -432,7 +469,7 @@ class _Analyzer:
 
     def _check_timeout_handlers(self, node: ast.Try | ast.TryStar) -> None:
         sent = [llm for call in iter_calls(node.body) if (llm := self._recognise(call))]
-        unkeyed = [llm for llm in sent if llm.key is KeyState.NONE]
+        unkeyed = [llm for llm in sent if llm.unkeyed]
         if not unkeyed:
             return
         for handler in node.handlers:
@@ -441,11 +478,16 @@ class _Analyzer:
                 continue
             how = self._how_it_resends(handler)
             if how is not None:
-                line = unkeyed[0].node.lineno
+                line, gap = unkeyed[0].node.lineno, unkeyed[0].key_gap
+                missing = (
+                    f"without an idempotency key{gap} and without a status check"
+                    if gap
+                    else "without an idempotency key or a status check"
+                )
                 self._add(
                     handler,
                     "PO401",
-                    f"except {caught} {how}, without an idempotency key or a status check:"
+                    f"except {caught} {how}, {missing}:"
                     f" the call on line {line} has usually finished and been billed when the"
                     " client times out; send a key generated once per request, or check the"
                     " request's status before re-sending",

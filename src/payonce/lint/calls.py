@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from payonce.lint.keypaths import Coverage, KeyPaths, headers_coverage
 from payonce.lint.names import ModuleNames, dotted
 from payonce.lint.sdk import (
     GENERATION_SUFFIXES,
@@ -29,7 +30,7 @@ from payonce.lint.sdk import (
     looks_like_llm_url,
 )
 
-__all__ = ["KeyState", "LlmCall", "recognise"]
+__all__ = ["KeyPathLookup", "KeyState", "LlmCall", "recognise"]
 
 _LITELLM_FUNCTIONS = frozenset(
     {
@@ -60,6 +61,7 @@ class KeyState(Enum):
 
     EXPLICIT = "explicit"  # an Idempotency-Key header the code sets
     NONE = "none"  # certainly no header set by the code
+    PARTIAL = "partial"  # set on some paths to the call only: the others send none
     UNKNOWN = "unknown"  # headers built elsewhere (**kwargs, a variable): not judged
 
 
@@ -81,6 +83,22 @@ class LlmCall:
     timeout: ast.expr | None
     # The part of an unknown ``sdk_attempts`` the linter could read (LiteLLM's num_retries).
     sdk_floor: int = 1
+    # For PARTIAL: the branch condition of the unkeyed path, when one test decides it.
+    key_missing: str | None = None
+
+    @property
+    def unkeyed(self) -> bool:
+        """Some path to the call certainly sends no key of the code's own."""
+        return self.key is KeyState.NONE or self.key is KeyState.PARTIAL
+
+    @property
+    def key_gap(self) -> str:
+        """Where the key is missing, for messages: "" when it is missing everywhere."""
+        if self.key is not KeyState.PARTIAL:
+            return ""
+        if self.key_missing is not None:
+            return f" on the path where {self.key_missing}"
+        return " on some of the paths that reach it (the key is not set on every path)"
 
     @property
     def sends_sdk_key(self) -> bool:
@@ -94,12 +112,31 @@ class LlmCall:
 # (client expression) -> the client it holds, and (name) -> the value last assigned to it.
 ClientLookup = Callable[[ast.expr], ClientInfo | None]
 ValueLookup = Callable[[str], tuple[ast.expr | None, frozenset[str]]]
+# (call, headers name) -> on which paths to the call the name holds a key; None: cannot tell.
+KeyPathLookup = Callable[[ast.Call, str], KeyPaths | None]
+
+
+def _no_paths(call: ast.Call, name: str) -> KeyPaths | None:
+    return None
 
 
 def recognise(
-    call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
+    call: ast.Call,
+    names: ModuleNames,
+    client_of: ClientLookup,
+    value_of: ValueLookup,
+    key_paths: KeyPathLookup = _no_paths,
 ) -> LlmCall | None:
     """The :class:`LlmCall` that ``call`` is, or None."""
+    llm = _recognise(call, names, client_of, value_of)
+    if llm is None:
+        return None
+    return _on_every_path(llm, names, key_paths)
+
+
+def _recognise(
+    call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
+) -> LlmCall | None:
     qualified = names.qualify(call.func)
     if qualified in _LITELLM_FUNCTIONS:
         return _litellm(call, qualified, names, value_of)
@@ -208,6 +245,51 @@ def _build(
         if keyword.arg in {"timeout", "request_timeout"}:
             timeout = keyword.value
     return LlmCall(call, what, client, attempts, detail, key, key_expr, timeout)
+
+
+def _on_every_path(llm: LlmCall, names: ModuleNames, key_paths: KeyPathLookup) -> LlmCall:
+    """``llm`` with its key judged per path when its headers are chosen by a branch.
+
+    ``_key`` answers for the headers as last assigned; a key set in one branch
+    of an ``if`` (or in one arm of ``a if c else b``) leaves the other path
+    unkeyed. Only a definite answer replaces ``_key``'s: "cannot tell" keeps it.
+    """
+    if llm.key is KeyState.UNKNOWN and _has_double_star(llm.node):
+        return llm  # **kwargs may carry the key whatever the headers say
+    coverages: list[KeyPaths] = []
+    for keyword in llm.node.keywords:
+        if keyword.arg == "idempotency_key":
+            return llm
+        if keyword.arg in {"extra_headers", "headers"}:
+            value = keyword.value
+            found = (
+                key_paths(llm.node, value.id)
+                if isinstance(value, ast.Name)
+                else headers_coverage(value, names)
+            )
+            if found is None:
+                return llm
+            coverages.append(found)
+    if not coverages:
+        return llm
+    if any(found.coverage is Coverage.EVERY for found in coverages):
+        key = KeyState.EXPLICIT
+    elif any(found.coverage is Coverage.SOME for found in coverages):
+        key = KeyState.PARTIAL
+    else:
+        key = KeyState.NONE
+    if key is not KeyState.EXPLICIT and llm.client is not None and llm.client.default_key:
+        key = KeyState.EXPLICIT  # default_headers carry a key on every path
+    if key is llm.key:
+        return llm
+    partial = [found.missing for found in coverages if found.coverage is Coverage.SOME]
+    missing = partial[0] if len(partial) == 1 else None
+    # A key found only on some paths has no single expression to check for PO203.
+    return replace(llm, key=key, key_expr=None, key_missing=missing)
+
+
+def _has_double_star(call: ast.Call) -> bool:
+    return any(keyword.arg is None for keyword in call.keywords)
 
 
 def _key(

@@ -25,6 +25,7 @@ __all__ = [
     "UNKNOWN_ANTHROPIC_SUFFIXES",
     "ClientInfo",
     "ClientKind",
+    "client_from_annotation",
     "client_from_call",
     "client_kind_of",
     "derive_client",
@@ -165,6 +166,9 @@ class ClientInfo:
     wrapper_retries: tuple[tuple[int | None, int], ...] = ()
     # payonce.client.protect(): SDK retries off, the payonce policy retries with one key.
     protected: bool = False
+    # Not constructed in the module: "parameter `client: openai.OpenAI`". Its
+    # retries are the SDK's defaults, assumed since nothing here says otherwise.
+    origin: str | None = None
 
     @property
     def label(self) -> str:
@@ -184,6 +188,11 @@ class ClientInfo:
         if self.retries_given:
             return f"max_retries={self.max_retries}"
         what = "num_retries" if self.kind is ClientKind.LITELLM_ROUTER else "max_retries"
+        if self.origin is not None:
+            return (
+                f"{self.origin}, constructed elsewhere: assumed the SDK default"
+                f" {what}={self.max_retries}"
+            )
         return f"default {what}={self.max_retries}"
 
 
@@ -221,6 +230,62 @@ def client_from_call(call: ast.Call, names: ModuleNames, name: str) -> ClientInf
         sends_sdk_key=http_client is not None and _uses_payonce_transport(http_client, names),
         default_key=headers is not None and has_key_header(headers, names) is not False,
     )
+
+
+def client_from_annotation(argument: ast.arg, names: ModuleNames) -> ClientInfo | None:
+    """The client a parameter's annotation declares: ``client: openai.AsyncOpenAI | None``.
+
+    It was constructed elsewhere, so its retries are the SDK's default.
+    """
+    if argument.annotation is None:
+        return None
+    kind = _annotated_kind(argument.annotation, names, depth=0)
+    if kind is None:
+        return None
+    return ClientInfo(
+        kind=kind,
+        name=argument.arg,
+        line=argument.lineno,
+        # The Router's default has changed between LiteLLM releases: do not guess.
+        max_retries=None if kind is ClientKind.LITELLM_ROUTER else SDK_DEFAULT_RETRIES,
+        retries_given=False,
+        origin=f"parameter `{argument.arg}: {ast.unparse(argument.annotation)}`",
+    )
+
+
+_OPTIONAL_FORMS = frozenset({"Optional", "Union"})
+
+
+def _annotated_kind(node: ast.expr, names: ModuleNames, depth: int) -> ClientKind | None:
+    """The client kind an annotation names; None unless every non-None member is one kind."""
+    if depth > 8:
+        return None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:  # "openai.OpenAI", "Optional[AsyncOpenAI]": forward references
+            parsed = ast.parse(node.value.strip(), mode="eval").body
+        except SyntaxError:
+            return None
+        return _annotated_kind(parsed, names, depth + 1)
+    members: list[ast.expr]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        members = [node.left, node.right]
+    elif isinstance(node, ast.Subscript):
+        form = (names.qualify(node.value) or "").rsplit(".", 1)[-1]
+        elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if form == "Annotated":
+            members = elements[:1]
+        elif form in _OPTIONAL_FORMS:
+            members = elements
+        else:
+            return None  # type[OpenAI], list[OpenAI]: not a client instance
+    else:
+        return client_kind_of(names.qualify(node))
+    kinds = {
+        _annotated_kind(member, names, depth + 1)
+        for member in members
+        if not (isinstance(member, ast.Constant) and member.value is None)
+    }
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def protected_client(base: ClientInfo, call: ast.Call, names: ModuleNames) -> ClientInfo:

@@ -50,19 +50,21 @@ def judge_call(
             f"{len(layers)} application retry layers around {llm.what}:"
             f" {describe_stack(layers)}: {_billed(_attempts(layers))} attempts; keep one",
         )
-    if layers and llm.key is KeyState.NONE:
+    if layers and llm.unkeyed:
         why = (
             "; the client's own key (_idempotency_header or protect()) is minted per SDK"
             " call, so it is new on every application attempt"
             if llm.sends_sdk_key
             else ""
         )
+        partial = llm.key is KeyState.PARTIAL
+        where = (" on that path" if llm.key_missing else " on those paths") if partial else ""
         add(
             "PO201",
             f"{llm.what} is retried by {describe_stack(layers)} without an idempotency"
-            f" key{why}: every attempt is billed again; pass"
-            ' extra_headers={"Idempotency-Key": key} with a key made once per request,'
-            " outside the retry",
+            f" key{llm.key_gap}{why}: every attempt{where} is"
+            ' billed again; pass extra_headers={"Idempotency-Key": key} with a key made once'
+            f" per request, outside the retry{', on every path' if partial else ''}",
         )
     if layers and llm.key is KeyState.EXPLICIT and fresh_key:
         add(
@@ -76,13 +78,13 @@ def judge_call(
         and llm.sdk_attempts > 1
         and client is not None
         and not unknown_client
-        and llm.key is KeyState.NONE
+        and llm.unkeyed
         and not llm.sends_sdk_key
     ):
         add(
             "PO202",
             f"{llm.what} through {client.label} ({client.describe_retries()}) re-sends"
-            f" up to {llm.sdk_attempts} times without an idempotency key: set"
+            f" up to {llm.sdk_attempts} times without an idempotency key{llm.key_gap}: set"
             ' client._idempotency_header = "Idempotency-Key" (behind payonce) or'
             " max_retries=0",
         )
@@ -96,6 +98,12 @@ def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:
 def _sdk_fix(llm: LlmCall) -> str:
     if llm.client is None and llm.what.startswith("litellm."):
         return "pass max_retries=0 and num_retries=0"
+    if llm.client is not None and llm.client.origin is not None:
+        # Built in another module: the fix may not be reachable from here.
+        return (
+            "construct it with max_retries=0 where it is built (or call it through"
+            f" `{llm.client.name}.with_options(max_retries=0)`)"
+        )
     return "construct it with max_retries=0"
 
 
