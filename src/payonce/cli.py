@@ -13,6 +13,7 @@ import click
 
 from payonce import __version__
 from payonce.config import GatewaySettings, load_toml, parse_duration, parse_size
+from payonce.demo.cli import demo_command
 from payonce.errors import ConfigError, PayonceError
 from payonce.lint.cli import lint_command
 from payonce.reconcile.cli import reconcile_command
@@ -370,6 +371,7 @@ def serve_command(**options: Any) -> None:
 cli.add_command(sim_command, "sim")
 cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")
+cli.add_command(demo_command, "demo")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,154 @@
+"""``payonce demo``: run the stacks of :mod:`payonce.demo.runs` and print one table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from payonce.demo.figures import RunFigures, figures_of
+from payonce.demo.runs import RUNS, DemoConfig, RunResult, run_one
+from payonce.errors import ConfigError
+
+__all__ = ["demo_command"]
+
+_EXPLAIN = """\
+A: the official openai SDK (max_retries=2, 10 s timeout) in an application loop that
+   retries once after a timeout (300 ms later), through a proxy that re-sends a request
+   the provider has not answered within 8 s (an anti-pattern, like nginx's
+   proxy_next_upstream timeout). Every re-sent request is billed.
+B: the same application and SDK, one Idempotency-Key per business request, through payonce.
+C: the article's mitigation: no retries anywhere, a 30 s timeout.
+D: payonce above the retrying proxy. payonce only sees its own upstream calls, so the
+   proxy's re-sends bill again: payonce must be the last hop before the provider
+   (payonce lint flags such proxies in nginx, Envoy and LiteLLM configs).
+"""
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.4f}"
+
+
+def _table(rows: list[RunFigures]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="The same business requests through four stacks")
+    for header in ("run", "business requests", "billed", "duplicates", "spent", "wasted",
+                   "per successful call", "users' success", "latency p50 / p99"):  # fmt: skip
+        table.add_column(header, justify="left" if header == "run" else "right")
+    for row in rows:
+        table.add_row(
+            f"{row.run} {row.title}",
+            f"{row.business_requests:,}",
+            f"{row.billed_generations:,}",
+            f"{row.duplicate_generations:,} ({row.duplicate_ratio:.1%})",
+            _usd(row.cost_usd),
+            _usd(row.wasted_usd),
+            _usd(row.cost_per_success_usd),
+            f"{row.success_rate:.1%}",
+            f"{row.latency_p50_s:.1f} s / {row.latency_p99_s:.1f} s",
+        )
+    return table
+
+
+def _reconcile(result: RunResult) -> tuple[Path, str]:
+    """Write the run's reconcile HTML report; return it and the command that makes it."""
+    from payonce.reconcile.html import render_html
+    from payonce.reconcile.run import reconcile
+
+    report = reconcile([result.calls], [result.folder / "ledger.csv"])
+    html = result.folder / "reconcile.html"
+    html.write_text(render_html(report, ()), encoding="utf-8")
+    command = shlex.join(
+        ["payonce", "reconcile", "--calls", str(result.calls), "--bill",
+         str(result.folder / "ledger.csv"), "--html", str(html)]
+    )  # fmt: skip
+    return html, command
+
+
+async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    results = []
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+        for name in config.runs:
+            spec = RUNS[name]
+            task = progress.add_task(f"run {name}: {spec.title}", total=config.requests)
+            results.append(
+                await run_one(spec, config, lambda task=task: progress.advance(task))  # type: ignore[misc]
+            )
+    return results
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--requests", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
+              help="Business requests in each run.")  # fmt: skip
+@click.option("--time-scale", type=click.FloatRange(0.01, 1.0), default=0.1, show_default=True,
+              help="Every duration times this (0.1: a 10 s timeout lasts 1 s).")  # fmt: skip
+@click.option("--runs", default="A,B,C,D", show_default=True, help="Which runs, e.g. A,B.")
+@click.option("--seed", type=int, default=7, show_default=True, help="The provider's seed.")
+@click.option("--fail-rate", type=click.FloatRange(0, 0.5), default=0.01, show_default=True,
+              help="Share of provider calls answered 500 before any work (not billed).")  # fmt: skip
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="Business requests in flight at once.")  # fmt: skip
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default="payonce-demo",
+              show_default=True, help="Folder for the call logs, ledgers and reports.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the figures as JSON (- for stdout).")  # fmt: skip
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bars (default: on a terminal)."
+)
+def demo_command(**options: Any) -> None:
+    """Replay the article's incident: four stacks, the same requests, one bill each.
+
+    Real processes on free local ports: the simulated provider (lognormal latency,
+    p50 4 s, p99 30 s), a retrying proxy, the payonce gateway, and the official
+    openai SDK in an application retry loop. No API key, no network.
+    """
+    runs = tuple(part.strip().upper() for part in options["runs"].split(",") if part.strip())
+    unknown = [name for name in runs if name not in RUNS]
+    if unknown or not runs:
+        raise ConfigError(f"--runs: {options['runs']!r}: choose among A, B, C, D")
+    config = DemoConfig(
+        requests=options["requests"],
+        time_scale=options["time_scale"],
+        fail_rate=options["fail_rate"],
+        concurrency=options["concurrency"],
+        seed=options["seed"],
+        runs=runs,
+        output=options["output"],
+    )
+    show = options["progress"] if options["progress"] is not None else sys.stderr.isatty()
+    results = asyncio.run(_run_all(config, show))
+    rows = [figures_of(result, config.time_scale) for result in results]
+    from rich.console import Console
+
+    console = Console(stderr=options["json_path"] == Path("-"))
+    console.print(_table(rows))
+    console.print(_EXPLAIN, highlight=False)
+    console.print("Reproduce the figures from the files:", highlight=False)
+    for result in results:
+        html, command = _reconcile(result)
+        console.print(f"  {command}", highlight=False, soft_wrap=True)
+    if options["json_path"] is not None:
+        document = {
+            "config": {
+                "requests": config.requests,
+                "time_scale": config.time_scale,
+                "seed": config.seed,
+                "fail_rate": config.fail_rate,
+                "latency": f"lognormal:p50={config.latency_p50}s,p99={config.latency_p99}s",
+            },
+            "runs": {row.run: row.as_dict() for row in rows},
+        }
+        text = json.dumps(document, indent=2)
+        if options["json_path"] == Path("-"):
+            click.echo(text)
+        else:
+            options["json_path"].write_text(text + "\n", encoding="utf-8")
