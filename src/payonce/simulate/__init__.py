@@ -1,0 +1,1 @@
+"""Simulate: what a timeout and retry configuration costs, without a network."""
