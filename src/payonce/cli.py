@@ -17,6 +17,7 @@ from payonce.errors import ConfigError, PayonceError
 from payonce.lint.cli import lint_command
 from payonce.reconcile.cli import reconcile_command
 from payonce.sim.cli import sim_command
+from payonce.simulate.cli import simulate_command
 
 __all__ = ["cli", "main"]
 
@@ -307,6 +308,7 @@ def serve_command(**options: Any) -> None:
 cli.add_command(sim_command, "sim")
 cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")
+cli.add_command(simulate_command, "simulate")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,10 +18,13 @@ import enum
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from payonce.config import parse_duration
 from payonce.errors import ConfigError
-from payonce.simulate.latency import Distribution
+
+if TYPE_CHECKING:
+    from payonce.simulate.latency import Distribution
 
 __all__ = [
     "SDK_BACKOFF",
@@ -168,6 +171,49 @@ class StackConfig:
     def max_attempts(self) -> int:
         """SDK attempts one business request can send at most."""
         return self.app_attempts * (self.sdk_retries + 1)
+
+    def describe(self, *, payonce: bool | None = None) -> str:
+        """The layers from the top, in one line (``payonce`` overrides :attr:`payonce`)."""
+        with_payonce = self.payonce if payonce is None else payonce
+        layers = []
+        if self.app_attempts > 1:
+            layers.append(
+                f"app {self.app_attempts} attempts (backoff {self.app_backoff.describe()},"
+                f" on {self.app_retry_on.value})"
+            )
+        layers.append(
+            f"SDK {self.sdk_retries + 1} attempts (timeout {_seconds(self.timeout)},"
+            f" backoff {self.sdk_backoff.describe()}, on {self.sdk_retry_on.value})"
+        )
+        proxy = None
+        if self.proxy is not None:
+            proxy = (
+                f"proxy {self.proxy.retries + 1} tries (timeout {_seconds(self.proxy.timeout)},"
+                f" on {self.proxy.retry_on.value})"
+            )
+        if proxy and not (with_payonce and self.proxy_below_payonce):
+            layers.append(proxy)
+        if with_payonce:
+            layers.append("payonce")
+            if proxy and self.proxy_below_payonce:
+                layers.append(proxy)
+        provider = f"provider {self.latency.describe()}"
+        if self.failure_rate:
+            provider += f", 5xx {self.failure_rate:.2%}"
+        layers.append(provider)
+        line = " → ".join(layers)
+        if self.deadline is not None:
+            line += f"; deadline {_seconds(self.deadline)}"
+        if self.connect_failure_rate:
+            line += (
+                f"; {self.connect_failure_rate:.2%} connect failures"
+                f" ({_seconds(self.connect_timeout)} each)"
+            )
+        return line
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
 
 
 _BACKOFF_PARAM = re.compile(r"\s*(initial|max|jitter|multiplier)\s*=\s*([^,]+)\s*")
