@@ -82,7 +82,8 @@ def render(report: Report, console: Console) -> None:
         f"false timeouts at your {seconds(stack.timeout)} timeout:"
         f" {report.false_timeouts_at_timeout:.2%} of attempts time out and are billed anyway;"
         f" the smallest timeout for at most {report.target_false_timeouts:.2%}:"
-        f" [bold]{seconds(report.recommended_timeout_s)}[/bold]",
+        f" [bold]{seconds(report.recommended_timeout_s)}[/bold]"
+        + (" (yours is at least that)" if stack.timeout >= report.recommended_timeout_s else ""),
         highlight=False,
     )
     proxy = stack.proxy
