@@ -127,6 +127,8 @@ def test_an_empirical_latency_file(capsys: pytest.CaptureFixture[str], tmp_path:
         (["--sdk-retry-on", "429"], "--sdk-retry-on"),
         (["--target-false-timeouts", "0"], "--target-false-timeouts"),
         (["--requests", "0"], "--requests"),
+        (["--requests", "1e9"], "--requests"),
+        (["--requests", "100000001"], "--requests"),
         (["--json", "/no/such/dir/out.json", "--requests", "10"], "--json"),
         (["--latency", "empirical:/no/such/file"], "--latency"),
     ],

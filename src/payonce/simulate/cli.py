@@ -26,6 +26,7 @@ __all__ = ["simulate_command"]
 DEFAULT_LATENCY = "lognormal:p50=4s,p99=30s"
 # nginx's proxy_read_timeout default, for a proxy given only --proxy-retries.
 DEFAULT_PROXY_TIMEOUT = "60s"
+MAX_REQUESTS = 10_000_000
 _RETRY_ON = click.Choice(["timeout", "5xx", "both", "none"])
 
 
@@ -183,6 +184,9 @@ def _run(options: dict[str, Any]) -> None:
         ) from exc
     stack = build_stack(options)
     requests = _count(options["requests"], "--requests", minimum=1)
+    if requests > MAX_REQUESTS:
+        # About 200 bytes of arrays per request (1 GB for 5M): memory, not time, is the limit.
+        raise ConfigError(f"--requests: at most {MAX_REQUESTS:,} (each takes ~200 bytes of memory)")
     plot_requests = _count(options["plot_requests"], "--plot-requests", minimum=1)
     seed = None if options["seed"] is None else _count(options["seed"], "--seed", minimum=0)
     price = _number(options["price_per_call"], "--price-per-call")
