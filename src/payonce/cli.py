@@ -18,6 +18,7 @@ from payonce.errors import ConfigError, PayonceError
 from payonce.lint.cli import lint_command
 from payonce.reconcile.cli import reconcile_command
 from payonce.sim.cli import sim_command
+from payonce.simulate.cli import simulate_command
 
 __all__ = ["cli", "main"]
 
@@ -372,6 +373,7 @@ cli.add_command(sim_command, "sim")
 cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")
 cli.add_command(demo_command, "demo")
+cli.add_command(simulate_command, "simulate")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -94,7 +94,7 @@ async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
 @click.option("--runs", default="A,B,C,D", show_default=True, help="Which runs, e.g. A,B.")
 @click.option("--seed", type=int, default=7, show_default=True, help="The provider's seed.")
 @click.option("--fail-rate", type=click.FloatRange(0, 0.5), default=0.01, show_default=True,
-              help="Share of provider calls answered 500 before any work (not billed).")  # fmt: skip
+              help="Share of provider calls answered 500 before any work.")  # fmt: skip
 @click.option("--concurrency", type=click.IntRange(1, 1000), default=100, show_default=True,
               help="Business requests in flight at once.")  # fmt: skip
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), default="payonce-demo",
@@ -134,7 +134,7 @@ def demo_command(**options: Any) -> None:
     console.print(_EXPLAIN, highlight=False)
     console.print("Reproduce the figures from the files:", highlight=False)
     for result in results:
-        html, command = _reconcile(result)
+        _, command = _reconcile(result)
         console.print(f"  {command}", highlight=False, soft_wrap=True)
     if options["json_path"] is not None:
         document = {

@@ -19,11 +19,12 @@ import argparse
 import asyncio
 import contextlib
 import signal
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 
-__all__ = ["make_app", "main"]
+__all__ = ["main", "make_app"]
 
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and those aiohttp sets itself.
 _HOP = frozenset(
@@ -61,7 +62,7 @@ def make_app(upstream: str, timeout: float, retries: int) -> web.Application:
                 return web.Response(status=502, text="upstream unavailable")
         return web.Response(status=504, text="upstream timed out")
 
-    async def session(app: web.Application) -> object:
+    async def session(app: web.Application) -> AsyncIterator[None]:
         app[_SESSION] = aiohttp.ClientSession(auto_decompress=False)
         yield
         await app[_SESSION].close()
