@@ -162,7 +162,7 @@ class Ledger:
         return len(self.entries)
 
     def summary(self, *, with_entries: bool = True) -> dict[str, Any]:
-        """The ledger as ``GET /_sim/ledger`` answers: billed, cost, requests, generating, entries."""
+        """The ledger as ``GET /_sim/ledger`` answers (billed, cost, requests, generating)."""
         return {
             "billed": self.billed,
             "cost_usd": round(self.cost_usd, 12),
