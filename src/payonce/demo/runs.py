@@ -53,7 +53,7 @@ class DemoConfig:
     app_backoff: float = 0.3
     proxy_timeout: float = 8.0
     mitigation_timeout: float = 30.0
-    concurrency: int = 100
+    concurrency: int = 50
     seed: int = 7
     runs: tuple[str, ...] = ("A", "B", "C", "D")
     output: Path = field(default_factory=lambda: Path("payonce-demo"))
@@ -73,10 +73,10 @@ class RunSpec:
 
 
 RUNS = {
-    "A": RunSpec("A", "the usual stack", ("proxy",), False, 2, 2),
-    "B": RunSpec("B", "with payonce", ("payonce",), True, 2, 2),
-    "C": RunSpec("C", "no retries, 30 s timeout", (), False, 0, 1, mitigation=True),
-    "D": RunSpec("D", "payonce above a retrying proxy", ("payonce", "proxy"), True, 2, 2),
+    "A": RunSpec("A", "usual stack", ("proxy",), False, 2, 2),
+    "B": RunSpec("B", "payonce", ("payonce",), True, 2, 2),
+    "C": RunSpec("C", "no retries", (), False, 0, 1, mitigation=True),
+    "D": RunSpec("D", "proxy below payonce", ("payonce", "proxy"), True, 2, 2),
 }
 
 
