@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from payonce.clock import ManualClock
-from payonce.errors import ConfigError, StoreTimeout
+from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
 from payonce.store import Claim, ClaimStatus, SQLiteStore, StoredResponse, open_store
 from payonce.store.group_commit import GroupCommit
 from payonce.store.sqlite import PURGE_CHUNK
@@ -279,3 +279,17 @@ async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
     assert await store.read_events("t", "live") == [b"e"]
     assert (await store.get("t", "live")) is not None
     await store.close()
+
+
+async def test_closing_fails_the_writes_still_waiting_for_a_lock(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    waiting = asyncio.create_task(store.claim("t", "k", "fp", lease=30, ttl=60))
+    await asyncio.sleep(0.05)
+    await store.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await waiting
+    locker.execute("ROLLBACK")
+    locker.close()

@@ -82,6 +82,7 @@ class GroupCommit:
         # Batches that met a lock, oldest first, with their deadlines (monotonic).
         self._waiting: collections.deque[tuple[list[_Write], float]] = collections.deque()
         self._delay = FIRST_RETRY
+        self._timer: asyncio.TimerHandle | None = None
 
     def submit(self, sql: str, params: Any, *, fetch: bool) -> asyncio.Future[Any]:
         """Queue one statement; the future gets its first row (``fetch``) or its row count."""
@@ -96,6 +97,8 @@ class GroupCommit:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
+        if not batch:  # closed in the meantime
+            return
         if self._waiting:  # behind a batch that waits for a lock: keep the order
             self._waiting.append((batch, time.monotonic() + self._timeout))
             return
@@ -111,10 +114,24 @@ class GroupCommit:
 
     def _schedule(self, delay: float) -> None:
         assert self._loop is not None
-        self._loop.call_later(delay, self._retry)
+        self._timer = self._loop.call_later(delay, self._retry)
+
+    def close(self, error: Exception) -> None:
+        """Fail what has not run yet with ``error``: the connection is about to close."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batches = [batch for batch, _ in self._waiting] + [self._pending]
+        self._waiting.clear()
+        self._pending = []  # the flush already scheduled finds nothing to do
+        for batch in batches:
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(error)
 
     def _retry(self) -> None:
         # Runs the waiting batches in order until one meets the lock again.
+        self._timer = None
         while self._waiting:
             batch, deadline = self._waiting[0]
             batch = [write for write in batch if not write[3].cancelled()]

@@ -467,4 +467,7 @@ class SQLiteStore:
         await self._read("SELECT 1", (), one=True)
 
     async def close(self) -> None:
+        # Writes still waiting for another process's lock fail now, not on a closed
+        # connection from a timer nobody is left to hear.
+        self._writes.close(StoreUnavailable("SQLite store closed"))
         self._db.close()
