@@ -17,8 +17,8 @@ has no busy timeout: a statement that meets another process's lock (another
 ``SQLITE_BUSY``, and is tried again from a timer, 1 ms later and doubling up to
 50 ms, until ``?timeout=`` seconds have passed; then the request gets 503. The
 group commit retries its writes that way, whole batches at a time; reads (which
-WAL lets through a writer, but not through WAL recovery or another process's
-exclusive locking mode) retry the same way with ``asyncio.sleep``.
+WAL lets through a writer, but not through the recovery of a WAL left by a
+crashed process) retry the same way with ``asyncio.sleep``.
 
 Expired records are purged in chunks of 1000 rows (a chunk's events with its
 records, in one transaction, a few milliseconds), pausing between chunks for as
