@@ -202,6 +202,30 @@ async def test_batches_that_wait_for_a_lock_commit_in_their_order(tmp_path: Path
     db.close()
 
 
+async def test_the_batches_that_queued_behind_a_lock_commit_together(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    flaky = make_flaky(store, lambda sql, n: False)  # records what runs; the lock is real
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    turns = []
+    for turn in range(3):  # three loop turns, three batches of two claims
+        turns.append(asyncio.ensure_future(claim_pair(store, turn)))
+        await asyncio.sleep(0.02)
+    locker.execute("ROLLBACK")
+    locker.close()
+    claims = [c for pair in await asyncio.gather(*turns) for c in pair]
+    assert [c.status for c in claims] == [ClaimStatus.ACQUIRED] * 6
+    assert flaky.executed.count("COMMIT") == 1, "one transaction once the lock was free"
+    await store.close()
+
+
+async def claim_pair(store: SQLiteStore, turn: int) -> list[Claim]:
+    return await asyncio.gather(
+        *(store.claim("t", f"k{turn}-{i}", "fp", lease=30, ttl=60) for i in range(2))
+    )
+
+
 async def test_a_lock_held_past_the_timeout_fails_the_batch_and_keeps_nothing(
     tmp_path: Path,
 ) -> None:
@@ -256,6 +280,7 @@ async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
     store = SQLiteStore(str(tmp_path / "p.db"), clock)
     rows = PURGE_CHUNK * 2 + 500
     db = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    db.execute("BEGIN")
     db.executemany(
         "INSERT INTO payonce_records (tenant, key, fingerprint, state, token, created_at,"
         " lease_expires_at, expires_at) VALUES ('old', ?, 'fp', 'completed', 'x', 0, 0, ?)",
@@ -264,6 +289,7 @@ async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
     db.executemany(
         "INSERT INTO payonce_events VALUES ('old', ?, 1, X'00')", [(f"k{i}",) for i in range(rows)]
     )
+    db.execute("COMMIT")
     db.close()
     live = await store.claim("t", "live", "fp", lease=30, ttl=60)
     await store.begin_stream("t", "live", live.record.token, 200, ())

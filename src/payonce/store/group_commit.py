@@ -20,7 +20,8 @@ tried again later from a timer, 1 ms after the first miss and doubling up to
 50 ms, until ``timeout`` seconds have passed since it was first due. Then it
 fails with the translated error (a 503 for the requests waiting on it). While
 a batch waits, the batches after it queue behind it (each with its own
-deadline), so batches still commit in the order they were submitted. A
+deadline), and the retries run the queue as one transaction of whole batches,
+oldest first, so batches still commit in the order they were submitted. A
 statement whose caller has given up (its future was cancelled) while its batch
 waited is left out of the retries: nobody will learn whether it ran, so it must
 not run later (a claim nobody holds would keep its key busy for a whole lease).
@@ -44,6 +45,9 @@ _Write = tuple[str, Any, bool, "asyncio.Future[Any]"]
 # most locks are a single commit of another worker, then capped.
 FIRST_RETRY = 0.001
 MAX_RETRY = 0.05
+# Statements per transaction when the batches that waited for a lock run: a
+# few milliseconds of the loop at most.
+MAX_MERGED = 256
 
 # Primary result codes (the low byte of the extended code) that mean "another
 # connection holds a lock": retried, never a failure until the timeout.
@@ -130,23 +134,37 @@ class GroupCommit:
                     future.set_exception(error)
 
     def _retry(self) -> None:
-        # Runs the waiting batches in order until one meets the lock again.
+        # The waiting batches run together, oldest first, as one transaction of
+        # whole batches (up to MAX_MERGED statements; the rest in the next turn):
+        # once the lock is free, the backlog that queued behind it costs a few
+        # commits instead of one per loop turn it spent waiting.
         self._timer = None
-        while self._waiting:
-            batch, deadline = self._waiting[0]
-            batch = [write for write in batch if not write[3].cancelled()]
-            try:
-                if batch:
-                    self._run(batch)
-            except _Busy as busy:
-                remaining = deadline - time.monotonic()
-                if remaining > 0:
-                    self._delay = min(self._delay * 2, MAX_RETRY)
-                    self._schedule(min(self._delay, remaining))
-                    return
-                self._fail(batch, busy.error)
+        group: list[_Write] = []
+        taken = 0
+        for batch, _ in self._waiting:
+            if group and len(group) + len(batch) > MAX_MERGED:
+                break
+            group += [write for write in batch if not write[3].cancelled()]
+            taken += 1
+        try:
+            if group:
+                self._run(group)
+        except _Busy as busy:
+            now = time.monotonic()
+            expired: list[_Write] = []
+            while self._waiting and self._waiting[0][1] <= now:  # deadlines grow along it
+                expired += self._waiting.popleft()[0]
+            if expired:
+                self._fail(expired, busy.error)
+            if self._waiting:
+                self._delay = min(self._delay * 2, MAX_RETRY)
+                self._schedule(min(self._delay, self._waiting[0][1] - now))
+            return
+        for _ in range(taken):
             self._waiting.popleft()
         self._delay = FIRST_RETRY
+        if self._waiting:
+            self._schedule(0)
 
     def _run(self, batch: list[_Write]) -> None:
         """Run ``batch`` as one transaction and hand out its results; raise _Busy to retry."""
