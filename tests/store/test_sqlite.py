@@ -1,14 +1,20 @@
-"""SQLite specifics: durability across reopen, bad paths and files."""
+"""SQLite specifics: durability across reopen, bad paths and files, locks and purging."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from payonce.clock import ManualClock
-from payonce.errors import ConfigError
-from payonce.store import ClaimStatus, SQLiteStore, StoredResponse, open_store
+from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
+from payonce.store import Claim, ClaimStatus, SQLiteStore, StoredResponse, open_store
+from payonce.store.group_commit import GroupCommit
+from payonce.store.sqlite import PURGE_CHUNK
 
 
 async def test_completed_records_survive_reopening(tmp_path: Path) -> None:
@@ -42,11 +48,6 @@ def test_unsupported_urls_are_config_errors(url: str) -> None:
 
 
 async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path: Path) -> None:
-    import asyncio
-    import sqlite3
-
-    from payonce.errors import StoreTimeout
-
     store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=0.05)
     claims = await asyncio.gather(
         *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(5))
@@ -75,3 +76,246 @@ async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path
     )
     assert done == [True] * 5
     await store.close()
+
+
+# --- Locks held by another connection never block the event loop (issue 12, item 6) ---
+
+
+def _busy() -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError("database is locked")
+    error.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+    return error
+
+
+class FlakyConnection:
+    """Delegates to a real connection, but the statements ``meets_lock`` picks fail as
+    SQLite fails them when another connection holds the lock (SQLITE_BUSY)."""
+
+    def __init__(self, db: sqlite3.Connection, meets_lock: Callable[[str, int], bool]) -> None:
+        self._db = db
+        self._meets_lock = meets_lock
+        self.executed: list[str] = []
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self.executed.append(sql)
+        if self._meets_lock(sql, len(self.executed)):
+            raise _busy()
+        return self._db.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:  # in_transaction, close
+        return getattr(self._db, name)
+
+
+def make_flaky(store: SQLiteStore, meets_lock: Callable[[str, int], bool]) -> FlakyConnection:
+    flaky = FlakyConnection(store._db, meets_lock)
+    store._db = flaky  # type: ignore[assignment]
+    store._writes._db = flaky  # type: ignore[assignment]
+    return flaky
+
+
+async def claim_five(store: SQLiteStore) -> list[Claim]:
+    return await asyncio.gather(
+        *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(5))
+    )
+
+
+async def assert_claimed_once(store: SQLiteStore, claims: list[Claim]) -> None:
+    # Kept from a first, rolled-back run, a claim's row would carry another token
+    # and the retry would see IN_PROGRESS instead of ACQUIRED.
+    assert [c.status for c in claims] == [ClaimStatus.ACQUIRED] * 5
+    for i, c in enumerate(claims):
+        record = await store.get("t", f"k{i}")
+        assert record is not None and record.token == c.record.token
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["BEGIN IMMEDIATE", "the third statement", "COMMIT"],
+)
+async def test_a_batch_that_meets_a_lock_is_rolled_back_and_run_again_whole(
+    tmp_path: Path, where: str
+) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"))
+    met: list[int] = []
+
+    def meets_lock(sql: str, n: int) -> bool:
+        hit = sql == where if where != "the third statement" else n == 4
+        if hit and not met:
+            met.append(n)
+            return True
+        return False
+
+    flaky = make_flaky(store, meets_lock)
+    claims = await claim_five(store)
+    assert met, "the lock was never met"
+    await assert_claimed_once(store, claims)
+    assert flaky.executed.count("BEGIN IMMEDIATE") == 2
+    assert flaky.executed.count("ROLLBACK") == (0 if where == "BEGIN IMMEDIATE" else 1)
+    await store.close()
+
+
+async def test_a_batch_waits_for_another_connections_lock_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    # Released from this very event loop: with a busy handler sleeping inside the
+    # loop, the release could not run before the store's timeout.
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    asyncio.get_running_loop().call_later(0.3, locker.execute, "ROLLBACK")
+    claims = await claim_five(store)
+    ticker.cancel()
+    await assert_claimed_once(store, claims)
+    assert ticks >= 5, "the loop ran while the batch waited"
+    locker.close()
+    await store.close()
+
+
+async def test_batches_that_wait_for_a_lock_commit_in_their_order(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    db = sqlite3.connect(path, isolation_level=None, timeout=0)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
+    writes = GroupCommit(db, lambda exc: StoreTimeout(str(exc)), timeout=10)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    first = writes.submit("INSERT INTO t VALUES ('x', 1)", (), fetch=False)
+    await asyncio.sleep(0.05)  # the first batch met the lock and waits
+    second = writes.submit("UPDATE t SET v = 2 WHERE k = 'x'", (), fetch=False)
+    await asyncio.sleep(0.05)
+    assert not first.done() and not second.done()
+    locker.execute("ROLLBACK")
+    assert await second == 1, "the update ran after the insert"
+    assert first.done() and first.result() == 1
+    assert db.execute("SELECT v FROM t").fetchone() == (2,)
+    locker.close()
+    db.close()
+
+
+async def test_the_batches_that_queued_behind_a_lock_commit_together(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    flaky = make_flaky(store, lambda sql, n: False)  # records what runs; the lock is real
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    turns = []
+    for turn in range(3):  # three loop turns, three batches of two claims
+        turns.append(asyncio.ensure_future(claim_pair(store, turn)))
+        await asyncio.sleep(0.02)
+    locker.execute("ROLLBACK")
+    locker.close()
+    claims = [c for pair in await asyncio.gather(*turns) for c in pair]
+    assert [c.status for c in claims] == [ClaimStatus.ACQUIRED] * 6
+    assert flaky.executed.count("COMMIT") == 1, "one transaction once the lock was free"
+    await store.close()
+
+
+async def claim_pair(store: SQLiteStore, turn: int) -> list[Claim]:
+    return await asyncio.gather(
+        *(store.claim("t", f"k{turn}-{i}", "fp", lease=30, ttl=60) for i in range(2))
+    )
+
+
+async def test_a_lock_held_past_the_timeout_fails_the_batch_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=0.2)
+    await store.ping()
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    results = await asyncio.gather(
+        *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(3)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, StoreTimeout) for r in results), results
+    locker.execute("ROLLBACK")
+    locker.close()
+    assert [await store.get("t", f"k{i}") for i in range(3)] == [None] * 3
+    await store.close()
+
+
+async def test_a_write_whose_caller_gave_up_while_it_waited_never_runs(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    abandoned = asyncio.create_task(store.claim("t", "gone", "fp", lease=30, ttl=60))
+    kept = asyncio.create_task(store.claim("t", "kept", "fp", lease=30, ttl=60))
+    await asyncio.sleep(0.05)
+    abandoned.cancel()
+    locker.execute("ROLLBACK")
+    locker.close()
+    assert (await kept).status is ClaimStatus.ACQUIRED
+    assert await store.get("t", "gone") is None, "a claim nobody waits for would hold the key"
+    await store.close()
+
+
+async def test_reads_that_meet_a_lock_are_retried_until_the_timeout(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=0.2)
+    claimed = await store.claim("t", "k", "fp", lease=30, ttl=60)
+    misses = 3
+    make_flaky(store, lambda sql, n: sql.startswith("SELECT") and n <= misses)
+    record = await store.get("t", "k")
+    assert record is not None and record.token == claimed.record.token
+    make_flaky(store, lambda sql, n: sql.startswith("SELECT"))
+    with pytest.raises(StoreTimeout):
+        await store.read_events("t", "k")
+    await store.close()
+
+
+async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    store = SQLiteStore(str(tmp_path / "p.db"), clock)
+    rows = PURGE_CHUNK * 2 + 500
+    db = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    db.execute("BEGIN")
+    db.executemany(
+        "INSERT INTO payonce_records (tenant, key, fingerprint, state, token, created_at,"
+        " lease_expires_at, expires_at) VALUES ('old', ?, 'fp', 'completed', 'x', 0, 0, ?)",
+        [(f"k{i}", clock.now() - 1 - i) for i in range(rows)],
+    )
+    db.executemany(
+        "INSERT INTO payonce_events VALUES ('old', ?, 1, X'00')", [(f"k{i}",) for i in range(rows)]
+    )
+    db.execute("COMMIT")
+    db.close()
+    live = await store.claim("t", "live", "fp", lease=30, ttl=60)
+    await store.begin_stream("t", "live", live.record.token, 200, ())
+    await store.append_events("t", "live", live.record.token, 1, [b"e"])
+    assert await store.purge_expired(PURGE_CHUNK + 10) == PURGE_CHUNK + 10
+    # The oldest went first, each with its events; the rest are untouched.
+    assert await store.read_events("old", f"k{rows - 1}") == []
+    assert await store.read_events("old", "k0") == [b"\x00"]
+    assert await store.purge_expired() == rows - PURGE_CHUNK - 10
+    for i in (0, rows // 2, rows - 1):
+        assert await store.read_events("old", f"k{i}") == []
+    assert await store.purge_expired() == 0
+    assert await store.read_events("t", "live") == [b"e"]
+    assert (await store.get("t", "live")) is not None
+    await store.close()
+
+
+async def test_closing_fails_the_writes_still_waiting_for_a_lock(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"), busy_timeout=10)
+    await store.ping()
+    locker = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    waiting = asyncio.create_task(store.claim("t", "k", "fp", lease=30, ttl=60))
+    await asyncio.sleep(0.05)
+    await store.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await waiting
+    locker.execute("ROLLBACK")
+    locker.close()

@@ -90,6 +90,11 @@ _VIA = (b"via", b"1.1 payonce")
 _REPLAY_FLUSH_SECONDS = 1.0
 # What OPTIONS * (a question about the server itself, RFC 9110 section 9.3.7) is told.
 _ALLOW = (b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+# A purge round deletes at most this many expired records (on SQLite about a
+# second of small chunks, the loop serving requests in between); a round that
+# reached it is followed by the next a second later, not a whole interval.
+_PURGE_ROUND = 100_000
+_PURGE_AGAIN_SECONDS = 1.0
 
 
 async def _send_replay(send: Send, replay: CachedReplay) -> None:
@@ -610,15 +615,19 @@ class Gateway:
             await self.replay_counts.flush(self.store)
 
     async def _purge_expired(self, every: float) -> None:
+        pause = every
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(pause)
+            pause = every
             try:
-                purged = await self.store.purge_expired()
+                purged = await self.store.purge_expired(_PURGE_ROUND)
             except ProblemError as exc:
                 log.warning("purging expired records failed: %s", exc)
                 continue
             if purged:
                 log.debug("purged %d expired records", purged)
+            if purged >= _PURGE_ROUND:  # a backlog: keep at it
+                pause = min(every, _PURGE_AGAIN_SECONDS)
 
     async def drain(self, grace: float) -> None:
         """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them."""

@@ -45,8 +45,9 @@ def open_store(url: str, clock: Clock | None = None) -> Store:
     """Open the store a ``--store`` URL names.
 
     ``sqlite:///relative.db`` and ``sqlite:////absolute.db`` as in SQLAlchemy;
-    ``?timeout=SECONDS`` sets how long a write waits for another process's
-    lock before the request is answered 503 (default 5).
+    ``?timeout=SECONDS`` sets how long a read or write waits for another
+    process's lock before the request is answered 503 (default 5); the wait
+    is retries from a timer, never a block of the event loop.
 
     ``redis://host:port/db``, ``rediss://…`` (TLS), ``redis+cluster://host:port``:
     see :mod:`payonce.store.redis.url` for the options.

@@ -211,8 +211,11 @@ class Store(Protocol):
         """
         ...
 
-    async def purge_expired(self) -> int:
-        """Delete records past their ttl; return how many."""
+    async def purge_expired(self, limit: int | None = None) -> int:
+        """Delete records past their ttl, at most ``limit`` of them; return how many.
+
+        A return of ``limit`` means more may be left for another round.
+        """
         ...
 
     async def ping(self) -> None:

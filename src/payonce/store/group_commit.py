@@ -12,31 +12,81 @@ Atomicity is unchanged: each statement is still executed alone and in order,
 and no result is handed out before the transaction commits. If the commit (or
 any statement) fails, every statement of the batch fails with the translated
 error and nothing of it is kept.
+
+Another process's lock never blocks the event loop. The connection has no busy
+timeout, so a batch that meets a lock (``SQLITE_BUSY``) fails at once; it is
+rolled back, whatever part of it had run is discarded, and the whole batch is
+tried again later from a timer, 1 ms after the first miss and doubling up to
+50 ms, until ``timeout`` seconds have passed since it was first due. Then it
+fails with the translated error (a 503 for the requests waiting on it). While
+a batch waits, the batches after it queue behind it (each with its own
+deadline), and the retries run the queue as one transaction of whole batches,
+oldest first, so batches still commit in the order they were submitted. A
+statement whose caller has given up (its future was cancelled) while its batch
+waited is left out of the retries: nobody will learn whether it ran, so it must
+not run later (a claim nobody holds would keep its key busy for a whole lease).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "is_busy"]
 
 # One write: (sql, params, fetch the first row (True) or the row count (False), future).
 _Write = tuple[str, Any, bool, "asyncio.Future[Any]"]
+
+# Retry delays after a batch met another process's lock: short at first, since
+# most locks are a single commit of another worker, then capped.
+FIRST_RETRY = 0.001
+MAX_RETRY = 0.05
+# Statements per transaction when the batches that waited for a lock run: a
+# few milliseconds of the loop at most.
+MAX_MERGED = 256
+
+# Primary result codes (the low byte of the extended code) that mean "another
+# connection holds a lock": retried, never a failure until the timeout.
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLite's "another connection holds the lock" (worth retrying)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _BUSY_CODES
+
+
+class _Busy(Exception):
+    """The batch met a lock and was rolled back; carries SQLite's error."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class GroupCommit:
     """Queues write statements and runs each turn's queue as one transaction."""
 
     def __init__(
-        self, db: sqlite3.Connection, translate: Callable[[sqlite3.Error], Exception]
+        self,
+        db: sqlite3.Connection,
+        translate: Callable[[sqlite3.Error], Exception],
+        *,
+        timeout: float = 5.0,
     ) -> None:
         self._db = db
         self._translate = translate
+        self._timeout = timeout
         self._pending: list[_Write] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Batches that met a lock, oldest first, with their deadlines (monotonic).
+        self._waiting: collections.deque[tuple[list[_Write], float]] = collections.deque()
+        self._delay = FIRST_RETRY
+        self._timer: asyncio.TimerHandle | None = None
 
     def submit(self, sql: str, params: Any, *, fetch: bool) -> asyncio.Future[Any]:
         """Queue one statement; the future gets its first row (``fetch``) or its row count."""
@@ -51,6 +101,73 @@ class GroupCommit:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
+        if not batch:  # closed in the meantime
+            return
+        if self._waiting:  # behind a batch that waits for a lock: keep the order
+            self._waiting.append((batch, time.monotonic() + self._timeout))
+            return
+        try:
+            self._run(batch)
+        except _Busy as busy:
+            if self._timeout <= 0:
+                self._fail(batch, busy.error)
+                return
+            self._waiting.append((batch, time.monotonic() + self._timeout))
+            self._delay = FIRST_RETRY
+            self._schedule(self._delay)
+
+    def _schedule(self, delay: float) -> None:
+        assert self._loop is not None
+        self._timer = self._loop.call_later(delay, self._retry)
+
+    def close(self, error: Exception) -> None:
+        """Fail what has not run yet with ``error``: the connection is about to close."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batches = [batch for batch, _ in self._waiting] + [self._pending]
+        self._waiting.clear()
+        self._pending = []  # the flush already scheduled finds nothing to do
+        for batch in batches:
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+
+    def _retry(self) -> None:
+        # The waiting batches run together, oldest first, as one transaction of
+        # whole batches (up to MAX_MERGED statements; the rest in the next turn):
+        # once the lock is free, the backlog that queued behind it costs a few
+        # commits instead of one per loop turn it spent waiting.
+        self._timer = None
+        group: list[_Write] = []
+        taken = 0
+        for batch, _ in self._waiting:
+            if group and len(group) + len(batch) > MAX_MERGED:
+                break
+            group += [write for write in batch if not write[3].cancelled()]
+            taken += 1
+        try:
+            if group:
+                self._run(group)
+        except _Busy as busy:
+            now = time.monotonic()
+            expired: list[_Write] = []
+            while self._waiting and self._waiting[0][1] <= now:  # deadlines grow along it
+                expired += self._waiting.popleft()[0]
+            if expired:
+                self._fail(expired, busy.error)
+            if self._waiting:
+                self._delay = min(self._delay * 2, MAX_RETRY)
+                self._schedule(min(self._delay, self._waiting[0][1] - now))
+            return
+        for _ in range(taken):
+            self._waiting.popleft()
+        self._delay = FIRST_RETRY
+        if self._waiting:
+            self._schedule(0)
+
+    def _run(self, batch: list[_Write]) -> None:
+        """Run ``batch`` as one transaction and hand out its results; raise _Busy to retry."""
         db = self._db
         results: list[Any] = []
         try:
@@ -62,12 +179,20 @@ class GroupCommit:
             if len(batch) > 1:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
+            # A lock can stop the batch at its BEGIN, at any statement (a single
+            # statement in autocommit) or at its COMMIT: none of it is kept.
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(self._translate(exc))
+            if is_busy(exc):
+                raise _Busy(exc) from exc
+            self._fail(batch, exc)
             return
         for (*_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+    def _fail(self, batch: list[_Write], exc: sqlite3.Error) -> None:
+        error = self._translate(exc)
+        for *_, future in batch:
+            if not future.done():
+                future.set_exception(error)

@@ -174,9 +174,11 @@ class MemoryStore:
             await self._waiters.wait(f"{tenant}\x00{key}", step)
             record = self._live(tenant, key)
 
-    async def purge_expired(self) -> int:
+    async def purge_expired(self, limit: int | None = None) -> int:
         now = self._clock.now()
         expired = [name for name, record in self._records.items() if record.expires_at <= now]
+        if limit is not None:
+            del expired[limit:]
         for name in expired:
             del self._records[name]
             self._events.pop(name, None)

@@ -344,7 +344,7 @@ class RedisStore:
         except _FAILURES as exc:
             raise _translate(exc) from exc
 
-    async def purge_expired(self) -> int:
+    async def purge_expired(self, limit: int | None = None) -> int:
         """Nothing to do: Redis deletes a record's keys itself, ``expiry_margin`` after its ttl.
 
         Until then reads treat the record as gone (its ``expires_at`` has
