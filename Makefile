@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run test demo lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 ## Start the gateway on embedded defaults: SQLite store, built-in simulated upstream.
 run: $(STAMP)
 	$(BIN)/payonce serve --upstream sim
+
+## The article's incident replayed: four stacks, the same requests, one bill each (about a minute).
+demo: $(STAMP)
+	$(BIN)/payonce demo
 
 ## Lint, type-check and run the whole suite (what CI runs).
 test: $(STAMP)

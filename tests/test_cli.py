@@ -139,3 +139,16 @@ def test_version_and_help() -> None:
     assert payonce("--version").stdout.startswith("payonce, version")
     help_text = payonce("serve", "--help").stdout
     assert "--upstream" in help_text and "PAYONCE_" in help_text
+
+
+def test_the_cli_does_not_import_what_only_one_command_needs() -> None:
+    # `payonce serve` (and every worker) starts through payonce.cli: the openai SDK
+    # (demo), numpy (simulate) and DuckDB (reconcile) would add a second to each start.
+    code = (
+        "import sys, payonce.cli; "
+        "print(sorted(m for m in ('openai', 'numpy', 'duckdb') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

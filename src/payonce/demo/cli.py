@@ -8,13 +8,15 @@ import shlex
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from payonce.demo.figures import RunFigures, figures_of
-from payonce.demo.runs import RUNS, DemoConfig, RunResult, run_one
 from payonce.errors import ConfigError
+
+if TYPE_CHECKING:
+    from payonce.demo.figures import RunFigures
+    from payonce.demo.runs import DemoConfig, RunResult
 
 __all__ = ["demo_command"]
 
@@ -88,6 +90,8 @@ def _reconcile(result: RunResult) -> tuple[Path, str]:
 async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from payonce.demo.runs import RUNS, run_one
+
     results = []
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not show_progress, transient=False) as progress:
@@ -125,6 +129,10 @@ def demo_command(**options: Any) -> None:
     p50 4 s, p99 30 s), a retrying proxy, the payonce gateway, and the official
     openai SDK in an application retry loop. No API key, no network.
     """
+    # Imported here: the demo pulls in the openai SDK, which no other command needs.
+    from payonce.demo.figures import figures_of
+    from payonce.demo.runs import RUNS, DemoConfig
+
     runs = tuple(part.strip().upper() for part in options["runs"].split(",") if part.strip())
     unknown = [name for name in runs if name not in RUNS]
     if unknown or not runs:
