@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from payonce.errors import ConfigError
-from payonce.sim.ledger import CSV_FIELDS, CsvExport, Ledger, LedgerEntry, format_timestamp
+from payonce.sim.ledger import (
+    CSV_FIELDS,
+    CsvExport,
+    Ledger,
+    LedgerEntry,
+    credential_ids,
+    format_timestamp,
+)
 
 
 def entry(request_id: str = "chatcmpl-1", connected: bool = True) -> LedgerEntry:
@@ -48,6 +55,8 @@ def test_billing_and_summary() -> None:
         "finished_at": "2023-11-14T22:13:20.250Z",
         "client_connected": False,
         "user": "",
+        "api_key_id": "",
+        "project_id": "",
     }
     assert ledger.summary(with_entries=False)["entries"] == []
 
@@ -97,6 +106,8 @@ def test_csv_header_once_rows_appended_and_kept_across_reset(tmp_path: Path) -> 
         "2023-11-14T22:13:20.250Z",
         "false",
         "",
+        "",
+        "",
     ]
 
 
@@ -115,3 +126,15 @@ def test_csv_rows_are_buffered_until_flush(tmp_path: Path) -> None:
 def test_csv_that_cannot_be_opened_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--ledger: cannot open"):
         CsvExport(tmp_path / "no" / "such" / "dir.csv")
+
+
+def test_credential_ids_are_stable_hashes_that_never_hold_the_credential() -> None:
+    openai = credential_ids("sk-test-one", anthropic=False)
+    assert openai == credential_ids("sk-test-one", anthropic=False)
+    assert openai != credential_ids("sk-test-two", anthropic=False)
+    key_id, project = openai
+    assert key_id.startswith("key_") and len(key_id) == 16
+    assert project.startswith("proj_") and len(project) == 17
+    key_id, workspace = credential_ids("sk-ant-test", anthropic=True)
+    assert key_id.startswith("apikey_") and workspace.startswith("wrkspc_")
+    assert "test" not in key_id + workspace

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from payonce.errors import ConfigError
 
-__all__ = ["CSV_FIELDS", "CsvExport", "Ledger", "LedgerEntry", "format_timestamp"]
+__all__ = [
+    "CSV_FIELDS",
+    "CsvExport",
+    "Ledger",
+    "LedgerEntry",
+    "credential_ids",
+    "format_timestamp",
+]
 
 CSV_FIELDS = (
     "provider_request_id",
@@ -36,6 +44,8 @@ CSV_FIELDS = (
     "finished_at",
     "client_connected",
     "user",
+    "api_key_id",
+    "project_id",
 )
 
 
@@ -43,6 +53,21 @@ def format_timestamp(seconds: float) -> str:
     """Epoch seconds as ISO 8601 UTC with milliseconds: ``2023-11-14T22:13:20.000Z``."""
     moment = dt.datetime.fromtimestamp(seconds, dt.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def credential_ids(credential: str, *, anthropic: bool) -> tuple[str, str]:
+    """The simulated API key id and project (OpenAI) or workspace (Anthropic) of a credential.
+
+    Both come from the SHA-256 of the credential, never the credential itself:
+    ``key_<12 hex>`` and ``proj_<next 12 hex>`` for OpenAI endpoints,
+    ``apikey_<12 hex>`` and ``wrkspc_<next 12 hex>`` for Anthropic's. The same
+    credential always gets the same ids, so the admin usage endpoints can group
+    and filter by them; a request without a credential hashes the empty string.
+    """
+    digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).hexdigest()
+    if anthropic:
+        return f"apikey_{digest[:12]}", f"wrkspc_{digest[12:24]}"
+    return f"key_{digest[:12]}", f"proj_{digest[12:24]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +87,9 @@ class LedgerEntry:
     finished_at: float
     client_connected: bool
     user: str = ""  # the end user the request named (OpenAI "user"), "" when none
+    # From the request's credential (:func:`credential_ids`); "" for entries built by hand.
+    api_key_id: str = ""
+    project_id: str = ""  # OpenAI project, or Anthropic workspace for /v1/messages
 
     def as_dict(self) -> dict[str, Any]:
         """The entry as JSON-ready values, keys in :data:`CSV_FIELDS` order."""
@@ -75,6 +103,8 @@ class LedgerEntry:
             "finished_at": format_timestamp(self.finished_at),
             "client_connected": self.client_connected,
             "user": self.user,
+            "api_key_id": self.api_key_id,
+            "project_id": self.project_id,
         }
 
 
@@ -110,6 +140,8 @@ class CsvExport:
                 format_timestamp(entry.finished_at),
                 "true" if entry.client_connected else "false",
                 entry.user,
+                entry.api_key_id,
+                entry.project_id,
             )
         )
         self._dirty = True

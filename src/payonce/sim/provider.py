@@ -58,7 +58,7 @@ from payonce.clock import Clock
 from payonce.sim.bodies import anthropic_message, chat_completion, embedding_list, text_completion
 from payonce.sim.config import SimConfig
 from payonce.sim.faults import RETRY_AFTER_SECONDS, RETRY_AFTER_STATUSES
-from payonce.sim.ledger import Ledger, LedgerEntry
+from payonce.sim.ledger import Ledger, LedgerEntry, credential_ids
 from payonce.sim.overrides import Overrides
 from payonce.sim.pricing import cost_usd
 from payonce.sim.prompts import Ask, parse_chat, parse_completion, parse_embedding, parse_message
@@ -141,6 +141,7 @@ class Simulator:
         """Handle one request to ``endpoint`` (the steps in the module docstring)."""
         self.ledger.count_request()
         request_id = self.new_request_id(endpoint.id_prefix)
+        key = credential_ids(_credential(request), anthropic=endpoint.api is Api.ANTHROPIC)
         try:
             overrides = Overrides.from_headers(request.headers)
             status = overrides.fail_status
@@ -163,12 +164,12 @@ class Simulator:
         self.ledger.generating += 1
         try:
             if ask.stream and endpoint.stream is not None:
-                return await self._stream(request, endpoint, ask, request_id, overrides, delay)
+                return await self._stream(request, endpoint, ask, request_id, key, overrides, delay)
             if delay > 0:
                 # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
                 # generation) runs to the end even if the client disconnects meanwhile.
                 await asyncio.sleep(delay)
-            now = self._bill(endpoint, ask, request_id, _client_connected(request))
+            now = self._bill(endpoint, ask, request_id, key, _client_connected(request))
         finally:
             self.ledger.generating -= 1
         if self._drop(overrides):
@@ -185,6 +186,7 @@ class Simulator:
         endpoint: Endpoint,
         ask: Ask,
         request_id: str,
+        key: tuple[str, str],
         overrides: Overrides,
         delay: float,
     ) -> web.StreamResponse:
@@ -225,7 +227,7 @@ class Simulator:
                 return response
             if index == last:
                 connected = sender.connected and _client_connected(request)
-                self._bill(endpoint, ask, request_id, connected)
+                self._bill(endpoint, ask, request_id, key, connected)
                 if drop:
                     await sender.close()
                     return response
@@ -233,8 +235,18 @@ class Simulator:
         await sender.flush()
         return response
 
-    def _bill(self, endpoint: Endpoint, ask: Ask, request_id: str, connected: bool) -> float:
-        """Bill one finished generation; returns the time it finished."""
+    def _bill(
+        self,
+        endpoint: Endpoint,
+        ask: Ask,
+        request_id: str,
+        key: tuple[str, str],
+        connected: bool,
+    ) -> float:
+        """Bill one finished generation; returns the time it finished.
+
+        ``key`` is the request's (api key id, project or workspace id), from its credential.
+        """
         now = self.clock.now()
         self.ledger.bill(
             LedgerEntry(
@@ -247,6 +259,8 @@ class Simulator:
                 finished_at=now,
                 client_connected=connected,
                 user=ask.user,
+                api_key_id=key[0],
+                project_id=key[1],
             )
         )
         return now
@@ -300,6 +314,20 @@ def _end_user(document: object) -> str:
     if not isinstance(user, str) and isinstance(metadata, dict):
         user = metadata.get("user_id")
     return user[:256] if isinstance(user, str) else ""
+
+
+def _credential(request: web.Request) -> str:
+    """The request's API key: ``x-api-key`` (Anthropic), else the ``Authorization`` bearer.
+
+    Only its hash reaches the ledger (:func:`~payonce.sim.ledger.credential_ids`).
+    """
+    headers = request.headers
+    key = headers.get("x-api-key")
+    if key is not None:
+        return key
+    authorization = headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else authorization
 
 
 def _client_connected(request: web.Request) -> bool:
