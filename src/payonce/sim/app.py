@@ -13,6 +13,10 @@ GET  /_sim/health          ``{"status": "ok"}``
 GET  /_sim/ledger          ``{"billed", "cost_usd", "requests", "generating", "entries"}``;
                            ``?entries=0`` leaves the entries out
 DELETE /_sim/ledger        reset the in-memory ledger (the CSV export keeps its rows)
+GET  /v1/organization/usage/completions, /v1/organization/costs,
+     /v1/organizations/usage_report/messages, /v1/organizations/cost_report
+                           the providers' admin usage and cost reports, from the
+                           ledger (:mod:`~payonce.sim.admin`; an admin-looking key)
 anything else              404 in the provider's JSON error shape
 ========================== ===========================================================
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 from aiohttp import web
 
 from payonce.clock import Clock, SystemClock
+from payonce.sim.admin import ADMIN_ROUTES, report_handler
 from payonce.sim.bodies import model_list
 from payonce.sim.config import SimConfig
 from payonce.sim.ledger import CsvExport, Ledger
@@ -62,6 +67,8 @@ def build_app(config: SimConfig, *, clock: Clock | None = None) -> web.Applicati
     for endpoint in ENDPOINTS:
         app.router.add_post(endpoint.path, _generation_handler(simulator, endpoint))
     app.router.add_get("/v1/models", _models)
+    for report in ADMIN_ROUTES:
+        app.router.add_get(report.path, report_handler(report, _ledger_of, simulator.clock.now))
     app.router.add_get("/_sim/health", _health)
     app.router.add_get("/_sim/ledger", _read_ledger)
     app.router.add_delete("/_sim/ledger", _reset_ledger)
@@ -78,6 +85,10 @@ def _generation_handler(simulator: Simulator, endpoint: Endpoint) -> _Handler:
         return await simulator.generate(request, endpoint)
 
     return handle
+
+
+def _ledger_of(request: web.Request) -> Ledger:
+    return request.app[LEDGER]
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -105,7 +116,8 @@ async def _reset_ledger(request: web.Request) -> web.Response:
 
 
 async def _not_found(request: web.Request) -> web.Response:
-    api = Api.ANTHROPIC if request.path.startswith("/v1/messages") else Api.OPENAI
+    anthropic = request.path.startswith(("/v1/messages", "/v1/organizations/"))
+    api = Api.ANTHROPIC if anthropic else Api.OPENAI
     # OpenAI's own wording for an unknown route.
     message = f"Invalid URL ({request.method} {request.path})"
     return web.Response(
