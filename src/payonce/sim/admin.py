@@ -1,14 +1,14 @@
 """The providers' admin usage and cost reports, answered from the simulator's ledger.
 
-========================================== ==================================================
-route                                      answer
-========================================== ==================================================
-GET /v1/organization/usage/completions     OpenAI Usage API, completions (chat and legacy
-                                           completions entries)
-GET /v1/organization/costs                 OpenAI Costs API (every OpenAI entry)
+=========================================== =================================================
+route                                       answer
+=========================================== =================================================
+GET /v1/organization/usage/completions      OpenAI Usage API, completions (chat and legacy
+                                            completions entries)
+GET /v1/organization/costs                  OpenAI Costs API (every OpenAI entry)
 GET /v1/organizations/usage_report/messages Anthropic messages usage report
-GET /v1/organizations/cost_report          Anthropic cost report
-========================================== ==================================================
+GET /v1/organizations/cost_report           Anthropic cost report (``amount`` in cents)
+=========================================== =================================================
 
 Admin auth, so a client can be tested for sending it: OpenAI routes want
 ``Authorization: Bearer sk-admin...``, Anthropic routes ``x-api-key: sk-ant-admin...`` and an
@@ -17,7 +17,8 @@ a missing ``anthropic-version``). The key is neither logged nor echoed.
 
 Entries are bucketed by ``finished_at`` (the simulator's clock) into buckets snapped to
 the start of their UTC minute, hour or day. Every bucket in the requested range is
-answered, with empty ``results`` when nothing was billed in it (both providers do so).
+answered, with empty ``results`` when nothing was billed in it (as OpenAI does; the
+same is assumed for Anthropic, whose docs do not say).
 ``limit`` counts buckets per page; ``next_page`` is an opaque ``page_`` cursor.
 Dimensions not in ``group_by`` are ``null``. Things the simulator does not model are
 constants: no cached, audio or server-tool tokens, ``batch`` false, service tier
@@ -30,7 +31,7 @@ import base64
 import binascii
 import datetime as dt
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -519,7 +520,7 @@ def _authorize(request: web.Request, api: Api) -> None:
 
 def report_handler(
     report: _Report, ledger: Callable[[web.Request], Ledger], now: Callable[[], float]
-) -> Callable[[web.Request], Any]:
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     """The aiohttp handler for ``report``, reading the ledger ``ledger(request)`` returns."""
     anthropic = report.api is Api.ANTHROPIC
 
