@@ -43,10 +43,14 @@ def model_of(body: bytes) -> str | None:
 
 
 def provider_request_id(headers: tuple[tuple[str, str], ...]) -> str | None:
-    """The provider's id of a response, the key to join with its bill."""
+    """The provider's id of a response, the key to join with its bill.
+
+    OpenAI sends ``x-request-id``, Anthropic ``request-id``, AWS Bedrock
+    ``x-amzn-requestid`` (the ``requestId`` of its model invocation log).
+    """
     for name, value in headers:
         lowered = name.lower()
-        if lowered in ("x-request-id", "request-id"):
+        if lowered in ("x-request-id", "request-id", "x-amzn-requestid"):
             return value
     return None
 
