@@ -48,6 +48,7 @@ class Sniffed:
     gzip: bool
     columns: tuple[str, ...]
     delimiter: str = ","
+    enveloped: bool = False  # each record is {"data": {...}} (one API response per record)
 
 
 def _head(path: Path) -> tuple[bytes, bool]:
@@ -89,6 +90,14 @@ def _json_keys(records: list[object]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _unwrapped(records: list[object]) -> list[object] | None:
+    """The inner records when every record is an API response ``{"data": {...}}``."""
+    dicts = [record for record in records if isinstance(record, dict)]
+    if not dicts or not all(isinstance(record.get("data"), dict) for record in dicts):
+        return None
+    return [record["data"] for record in dicts]
+
+
 def sniff(path: Path) -> Sniffed:
     """Read the head of ``path`` and tell its container and columns."""
     head, zipped = _head(path)
@@ -97,13 +106,13 @@ def sniff(path: Path) -> Sniffed:
         raise ConfigError(f"{path}: empty file")
     first = lines[0].lstrip()
     if first.startswith("["):
-        return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+        return _document(path, zipped, head)
     if first.startswith("{"):
         try:
             json.loads(first)
         except ValueError:
             # A "{" line that is not a whole object: a pretty-printed document.
-            return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+            return _document(path, zipped, head)
         envelope = json.loads(first)
         if isinstance(envelope, dict) and isinstance(envelope.get("data"), list):
             # {"data": [...]} on one line: an API export, not one record per line.
@@ -114,13 +123,24 @@ def sniff(path: Path) -> Sniffed:
                 records.append(json.loads(line))
             except ValueError:
                 continue  # malformed lines are counted later, with their numbers
+        inner = _unwrapped(records)
+        if inner is not None:
+            return Sniffed(path, Container.JSONL, zipped, _json_keys(inner), enveloped=True)
         return Sniffed(path, Container.JSONL, zipped, _json_keys(records))
     delimiter = _delimiter(lines[0])
     header = next(csv.reader(io.StringIO(lines[0]), delimiter=delimiter))
     return Sniffed(path, Container.CSV, zipped, tuple(name.strip() for name in header), delimiter)
 
 
-def _json_document_keys(head: bytes) -> tuple[str, ...]:
+def _document(path: Path, zipped: bool, head: bytes) -> Sniffed:
+    records = _json_document_records(head)
+    inner = _unwrapped(records)
+    if inner is not None:
+        return Sniffed(path, Container.JSON, zipped, _json_keys(inner), enveloped=True)
+    return Sniffed(path, Container.JSON, zipped, _json_keys(records))
+
+
+def _json_document_records(head: bytes) -> list[object]:
     # The document may be larger than the sample; decode the records that fit.
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
     decoder = json.JSONDecoder()
@@ -137,7 +157,7 @@ def _json_document_keys(head: bytes) -> tuple[str, ...]:
         except ValueError:
             break
         records.append(record)
-    return _json_keys(records)
+    return records
 
 
 def detect_format(sniffed: Sniffed, side: Side, forced: str | None) -> SourceFormat:
