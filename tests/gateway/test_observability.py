@@ -251,3 +251,6 @@ def test_the_provider_request_id_header_of_each_provider() -> None:
     bedrock = (("Content-Type", "application/json"), ("x-amzn-RequestId", "6f2c-bedrock"))
     assert provider_request_id(bedrock) == "6f2c-bedrock"
     assert provider_request_id((("apim-request-id", "azure"),)) is None
+    # OpenRouter: the generation id its bill is keyed by, whatever else is there.
+    openrouter = (("x-request-id", "edge-1"), ("X-Generation-Id", "gen-3bhG"))
+    assert provider_request_id(openrouter) == "gen-3bhG"
