@@ -275,3 +275,21 @@ def test_the_format_can_be_named_and_the_join_column_remapped(tmp_path: Path) ->
     report = reconcile([_calls(tmp_path)], [bill], options)
     assert report.totals.as_json()["matched_generations"] == 0
     assert report.inputs[1].format == "azure-apim-llm"
+
+
+def test_a_split_azure_entry_counts_once(tmp_path: Path) -> None:
+    rows = _azure_rows()
+    # r3's messages were large: APIM logged its entry in two parts, both with its counts.
+    rows.insert(3, {**rows[2], "SequenceNumber": 1, "RequestMessages": "...rest"})
+    path = tmp_path / "split.csv.gz"
+    with gzip.open(path, "wt", newline="") as out:
+        writer = csv.DictWriter(out, [*AZURE_HEADER, "RequestMessages"])
+        writer.writeheader()
+        writer.writerows(rows)
+    report = reconcile([_calls(tmp_path)], [path])
+    assert report.inputs[1].format == "azure-apim-llm" and sniff(path).gzip
+    assert float(report.totals.total_cost_usd) == 1.0125
+    assert report.inputs[1].rows == 4
+    assert "1 continuation rows (SequenceNumber after a request's first) left out" in (
+        report.inputs[1].note or ""
+    )

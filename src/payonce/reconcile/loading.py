@@ -57,7 +57,7 @@ CREATE TABLE calls (
 CREATE TABLE bill (
     src INTEGER, pos BIGINT, provider_request_id VARCHAR, cost_usd {MONEY},
     model VARCHAR, endpoint VARCHAR, m UBIGINT, e UBIGINT, input_tokens BIGINT,
-    output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR);
+    output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR, part BIGINT);
 CREATE TABLE malformed (src INTEGER, line BIGINT, reason VARCHAR);
 """
 
@@ -165,6 +165,7 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
             source=source.label,
         )
         engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
+        note = _join_parts(engine, source, note)
         if source.priced:
             _price(engine, source)
             # DuckDB does not number the rows it keeps: line 0 means "not known".
@@ -178,6 +179,7 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
             engine.execute(
                 f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label
             )
+        note = _join_parts(engine, source, note)
         if source.priced:
             _price(engine, source)
         engine.execute(
@@ -228,6 +230,7 @@ def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
     )
     values = {name: _quoted(column) for name, column in source.columns.items()}
     scope, flag = source.format.business_scope, source.format.unkeyed_retry_flag
+    part = source.format.part_column or ""
     return _normalize(
         source,
         values,
@@ -236,6 +239,7 @@ def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
         f"SELECT NULL::BIGINT AS __pos, * FROM {reader}",
         scope=_quoted(scope) if scope and scope in sniffed.columns else None,
         retry_flag=_quoted(flag) if flag and flag in sniffed.columns else None,
+        part=f"try_cast({_quoted(part)} AS BIGINT)" if part in sniffed.columns else None,
     )
 
 
@@ -292,9 +296,11 @@ def _json_select(source: Source) -> str:
     extras = [c for c in (source.format.business_scope, source.format.unkeyed_retry_flag) if c]
     paths = [*wanted.values(), *(c for c in extras if _present(c, sniffed))]
     slot = {column: index + 1 for index, column in enumerate(dict.fromkeys(paths))}
-    flag = source.format.unbilled_flag
-    if flag and _present(flag, sniffed):
-        slot.setdefault(flag, len(slot) + 1)
+    unbilled = source.format.unbilled_flag
+    part = source.format.part_column
+    for extra in (unbilled, part):
+        if extra and _present(extra, sniffed):
+            slot.setdefault(extra, len(slot) + 1)
     path_list = ", ".join(sql_string(_json_path(column, sniffed)) for column in slot)
     reader = _json_reader(sniffed)
     if sniffed.enveloped:
@@ -312,10 +318,10 @@ def _json_select(source: Source) -> str:
         " WHERE j IS NOT NULL AND (length(j) > 64 OR trim(j) <> '')"
     )
     cost_column = source.columns.get("cost_usd")
-    if flag in slot and cost_column:
+    if unbilled and unbilled in slot and cost_column:
         # A cancelled generation that cost nothing was never billed: no bill line.
         parsed = (
-            f"SELECT * FROM ({parsed}) WHERE NOT coalesce(try_cast(v[{slot[flag]}] AS BOOLEAN)"
+            f"SELECT * FROM ({parsed}) WHERE NOT coalesce(try_cast(v[{slot[unbilled]}] AS BOOLEAN)"
             f" AND try_cast(v[{slot[cost_column]}] AS {MONEY}) = 0, false)"
         )
     values = {name: f"v[{slot[column]}]" for name, column in wanted.items()}
@@ -343,6 +349,7 @@ def _json_select(source: Source) -> str:
         reason=reason,
         scope=f"v[{slot[scope]}]" if scope in slot else None,
         retry_flag=f"v[{slot[flag]}]" if flag in slot else None,
+        part=f"try_cast(v[{slot[part]}] AS BIGINT)" if part and part in slot else None,
     )
 
 
@@ -374,6 +381,7 @@ def _normalize(
     reason: str = "NULL",
     scope: str | None = None,
     retry_flag: str | None = None,
+    part: str | None = None,
 ) -> str:
     """SELECT the normalized columns of one side from ``relation`` (which has ``__pos``).
 
@@ -397,6 +405,7 @@ def _normalize(
         columns += [
             f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
         ]
+        columns.append(f"{part or 'NULL'} AS part")
         return f"SELECT {', '.join(columns)} FROM ({relation})"
     key = text("business_id")
     if scope:
@@ -428,6 +437,29 @@ def _normalize(
         f"{retry} AS unkeyed_retry",
     ]
     return f"SELECT {', '.join(columns)} FROM ({relation})"
+
+
+# ---------------------------------------------------------------- split rows
+
+
+def _join_parts(engine: Engine, source: Source, note: str) -> str:
+    """Keep one row per request id of a log whose entries are split in numbered parts."""
+    column = source.format.part_column
+    if source.side is not Side.BILL or not column or column not in source.sniffed.columns:
+        return note
+    src = source.index
+    before = int(engine.scalar(f"SELECT count(*) FROM bill WHERE src = {src}") or 0)
+    engine.execute(
+        f"DELETE FROM bill WHERE src = {src} AND reason IS NULL AND part IS NOT NULL"
+        " AND provider_request_id IS NOT NULL AND part > (SELECT min(first.part) FROM bill"
+        f" first WHERE first.src = {src} AND first.reason IS NULL"
+        " AND first.provider_request_id = bill.provider_request_id)"
+    )
+    dropped = before - int(engine.scalar(f"SELECT count(*) FROM bill WHERE src = {src}") or 0)
+    if not dropped:
+        return note
+    joined = f"{dropped} continuation rows ({column} after a request's first) left out"
+    return f"{note}; {joined}" if note else joined
 
 
 # ---------------------------------------------------------------- prices

@@ -107,6 +107,7 @@ class SourceFormat:
     unkeyed_retry_flag: str | None = None
     priced: bool = False
     unbilled_flag: str | None = None
+    part_column: str | None = None
 
     def with_map(self, overrides: Mapping[str, str]) -> SourceFormat:
         """This format with some fields read from other columns (``--calls-map``)."""
@@ -132,6 +133,7 @@ def _fmt(
     unkeyed_retry_flag: str | None = None,
     priced: bool = False,
     unbilled_flag: str | None = None,
+    part_column: str | None = None,
 ) -> SourceFormat:
     return SourceFormat(
         name=name,
@@ -144,6 +146,7 @@ def _fmt(
         unkeyed_retry_flag=unkeyed_retry_flag,
         priced=priced,
         unbilled_flag=unbilled_flag,
+        part_column=part_column,
     )
 
 
@@ -262,6 +265,7 @@ AZURE_APIM = _fmt(
     description="Azure API Management ApiManagementGatewayLlmLog rows (CSV or JSON),"
     " cost from the price table",
     priced=True,
+    part_column="SequenceNumber",
 )
 
 GENERIC_BILL = _fmt(
