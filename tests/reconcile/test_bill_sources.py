@@ -293,3 +293,21 @@ def test_a_split_azure_entry_counts_once(tmp_path: Path) -> None:
     assert "1 continuation rows (SequenceNumber after a request's first) left out" in (
         report.inputs[1].note or ""
     )
+
+
+def test_a_cloudwatch_logs_export_of_bedrock_records(tmp_path: Path) -> None:
+    # A CloudWatch Logs export task to S3: gzip, each event as "<timestamp> <message>".
+    lines = [f"2026-11-30T10:00:00.000Z {json.dumps(record)}" for record in BEDROCK]
+    path = tmp_path / "000000.gz"
+    path.write_bytes(
+        gzip.compress(("\n".join([*lines, "2026-11-30T10:00:01.000Z {oops"]) + "\n").encode())
+    )
+    sniffed = sniff(path)
+    assert sniffed.stamped and sniffed.container is Container.JSONL
+    figures = _figures(tmp_path, _calls(tmp_path), path)
+    assert (figures["format"], figures["total"], figures["rows"], figures["malformed"]) == (
+        "bedrock-invocations",
+        0.3178,
+        4,
+        2,
+    )

@@ -28,7 +28,7 @@ from payonce.errors import ConfigError
 from payonce.observe.pricing import ModelPrice, price_of
 from payonce.reconcile.engine import Engine, sql_string
 from payonce.reconcile.schema import FieldKind, Side, SourceFormat, fields_of
-from payonce.reconcile.sniff import Container, Sniffed
+from payonce.reconcile.sniff import STAMP, Container, Sniffed
 
 __all__ = [
     "LoadedSource",
@@ -303,6 +303,12 @@ def _json_select(source: Source) -> str:
             slot.setdefault(extra, len(slot) + 1)
     path_list = ", ".join(sql_string(_json_path(column, sniffed)) for column in slot)
     reader = _json_reader(sniffed)
+    if sniffed.stamped:
+        # "<timestamp> {...}": the record starts at the first brace.
+        reader = (
+            f"SELECT __pos, CASE WHEN regexp_matches(left(j, 64), {sql_string(STAMP)})"
+            " THEN substr(j, strpos(j, '{')) ELSE j END AS j FROM (" + reader + ")"
+        )
     if sniffed.enveloped:
         # One API response per record: the record is its "data" object.
         reader = (

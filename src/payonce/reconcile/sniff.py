@@ -14,6 +14,7 @@ import enum
 import gzip
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,12 @@ class Sniffed:
     columns: tuple[str, ...]
     delimiter: str = ","
     enveloped: bool = False  # each record is {"data": {...}} (one API response per record)
+    stamped: bool = False  # each line is "<ISO timestamp> {...}" (a CloudWatch Logs export)
+
+
+# A CloudWatch Logs export task writes each event as its timestamp, a space, the message.
+STAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ {]* \{"
+_STAMP = re.compile(STAMP)
 
 
 def _head(path: Path) -> tuple[bytes, bool]:
@@ -105,6 +112,10 @@ def sniff(path: Path) -> Sniffed:
     if not lines:
         raise ConfigError(f"{path}: empty file")
     first = lines[0].lstrip()
+    if _STAMP.match(first):
+        stamped = [line[line.index("{") :] for line in lines[:_SAMPLE_LINES] if "{" in line]
+        keys = _json_keys([_loaded(line) for line in stamped])
+        return Sniffed(path, Container.JSONL, zipped, keys, stamped=True)
     if first.startswith("["):
         return _document(path, zipped, head)
     if first.startswith("{"):
@@ -138,6 +149,13 @@ def _document(path: Path, zipped: bool, head: bytes) -> Sniffed:
     if inner is not None:
         return Sniffed(path, Container.JSON, zipped, _json_keys(inner), enveloped=True)
     return Sniffed(path, Container.JSON, zipped, _json_keys(records))
+
+
+def _loaded(line: str) -> object:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _json_document_records(head: bytes) -> list[object]:
