@@ -311,3 +311,21 @@ def test_a_cloudwatch_logs_export_of_bedrock_records(tmp_path: Path) -> None:
         4,
         2,
     )
+
+
+def test_the_command_line_names_each_format(tmp_path: Path) -> None:
+    from payonce.cli import main
+
+    calls = str(_calls(tmp_path))
+    bills = {
+        "bedrock-invocations": _write(tmp_path / "b.jsonl", BEDROCK, "jsonl"),
+        "openrouter-generations": _write(tmp_path / "o.jsonl", OPENROUTER, "jsonl"),
+        "azure-apim-llm": _azure_csv(tmp_path / "a.csv"),
+    }
+    for name, bill in bills.items():
+        out = tmp_path / f"{name}.json"
+        argv = ["reconcile", "--calls", calls, "--bill", str(bill), "--bill-format", name]
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "-q", "--json", str(out)])
+        assert exit_.value.code in (0, None)
+        assert json.loads(out.read_text())["inputs"][1]["format"] == name
