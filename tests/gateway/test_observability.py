@@ -240,3 +240,17 @@ def test_made_up_model_names_add_no_metric_series(
     ]
     assert metric(text, "payonce_unknown_cost_calls_total") == 250
     assert fresh_sim.billed() == 1000
+
+
+def test_the_provider_request_id_header_of_each_provider() -> None:
+    from payonce.gateway.observing import provider_request_id
+
+    # OpenAI, Anthropic, and AWS Bedrock (the requestId of its invocation log).
+    assert provider_request_id((("X-Request-Id", "req-openai"),)) == "req-openai"
+    assert provider_request_id((("request-id", "req_anthropic"),)) == "req_anthropic"
+    bedrock = (("Content-Type", "application/json"), ("x-amzn-RequestId", "6f2c-bedrock"))
+    assert provider_request_id(bedrock) == "6f2c-bedrock"
+    assert provider_request_id((("apim-request-id", "azure"),)) is None
+    # OpenRouter: the generation id its bill is keyed by, whatever else is there.
+    openrouter = (("x-request-id", "edge-1"), ("X-Generation-Id", "gen-3bhG"))
+    assert provider_request_id(openrouter) == "gen-3bhG"

@@ -43,12 +43,21 @@ def model_of(body: bytes) -> str | None:
 
 
 def provider_request_id(headers: tuple[tuple[str, str], ...]) -> str | None:
-    """The provider's id of a response, the key to join with its bill."""
+    """The provider's id of a response, the key to join with its bill.
+
+    OpenAI sends ``x-request-id``, Anthropic ``request-id``, AWS Bedrock
+    ``x-amzn-requestid`` (the ``requestId`` of its model invocation log).
+    OpenRouter's ``x-generation-id`` (the ``gen-...`` id its generation records
+    are keyed by) wins over any of those, which a proxy in between may add.
+    """
+    found = None
     for name, value in headers:
         lowered = name.lower()
-        if lowered in ("x-request-id", "request-id"):
+        if lowered == "x-generation-id":
             return value
-    return None
+        if found is None and lowered in ("x-request-id", "request-id", "x-amzn-requestid"):
+            found = value
+    return found
 
 
 def outcome_of(error: ProblemError) -> str:

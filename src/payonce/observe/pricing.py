@@ -39,6 +39,12 @@ class ModelPrice:
 
 _OPENAI = "https://openai.com/api/pricing"
 _ANTHROPIC = "https://www.anthropic.com/pricing#api"
+# Amazon Nova on Bedrock, on-demand, us-east-1; read from the AWS page as quoted by
+# bigdataboutique.com/blog/aws-bedrock-pricing-guide (Micro) and
+# pristren.com/blog/amazon-nova-micro-ultra-fast (Micro, Lite, Pro), which agree.
+# The cached-input rate is not confirmed, so it is the input rate (an upper bound).
+# Claude on Bedrock is priced by the Anthropic entries (reconcile maps the ids).
+_BEDROCK = "https://aws.amazon.com/bedrock/pricing/"
 
 PRICES: dict[str, ModelPrice] = {
     "gpt-4o": ModelPrice(2.50, 1.25, 10.00, _OPENAI, "2025-06"),
@@ -54,6 +60,9 @@ PRICES: dict[str, ModelPrice] = {
     "claude-3-5-haiku": ModelPrice(0.80, 0.08, 4.00, _ANTHROPIC, "2025-06"),
     "claude-sonnet-4": ModelPrice(3.00, 0.30, 15.00, _ANTHROPIC, "2025-06"),
     "claude-opus-4": ModelPrice(15.00, 1.50, 75.00, _ANTHROPIC, "2025-06"),
+    "amazon.nova-micro": ModelPrice(0.035, 0.035, 0.14, _BEDROCK, "2026-12"),
+    "amazon.nova-lite": ModelPrice(0.06, 0.06, 0.24, _BEDROCK, "2026-12"),
+    "amazon.nova-pro": ModelPrice(0.80, 0.80, 3.20, _BEDROCK, "2026-12"),
 }
 _LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
 

@@ -78,7 +78,8 @@ def _fraction(value: str) -> float:
     required=True,
     type=click.Path(path_type=Path),
     metavar="FILE...",
-    help="Bills: the simulator's ledger CSV, LiteLLM spend logs or the generic schema.",
+    help="Bills: the simulator's ledger CSV, LiteLLM spend logs, Bedrock invocation logs,"
+    " OpenRouter generations, Azure APIM LLM logs or the generic schema.",
 )
 @click.option(
     "--calls-format",
@@ -88,7 +89,17 @@ def _fraction(value: str) -> float:
 )
 @click.option(
     "--bill-format",
-    type=click.Choice(["auto", "ledger", "litellm", "generic"]),
+    type=click.Choice(
+        [
+            "auto",
+            "ledger",
+            "litellm",
+            "bedrock-invocations",
+            "openrouter-generations",
+            "azure-apim-llm",
+            "generic",
+        ]
+    ),
     default="auto",
     show_default=True,
 )

@@ -19,15 +19,25 @@ drift of binary floats, so a report says 0.3, not 0.30000000000000004.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from payonce.errors import ConfigError
+from payonce.observe.pricing import ModelPrice, price_of
 from payonce.reconcile.engine import Engine, sql_string
 from payonce.reconcile.schema import FieldKind, Side, SourceFormat, fields_of
-from payonce.reconcile.sniff import Container, Sniffed
+from payonce.reconcile.sniff import STAMP, Container, Sniffed
 
-__all__ = ["LoadedSource", "Source", "create_tables", "load_source", "resolve_columns"]
+__all__ = [
+    "LoadedSource",
+    "Source",
+    "bill_price",
+    "create_tables",
+    "load_source",
+    "resolve_columns",
+]
 
 MONEY = "DECIMAL(18,10)"
 _MAX_LINE = 64 << 20
@@ -47,7 +57,7 @@ CREATE TABLE calls (
 CREATE TABLE bill (
     src INTEGER, pos BIGINT, provider_request_id VARCHAR, cost_usd {MONEY},
     model VARCHAR, endpoint VARCHAR, m UBIGINT, e UBIGINT, input_tokens BIGINT,
-    output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR);
+    output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR, part BIGINT);
 CREATE TABLE malformed (src INTEGER, line BIGINT, reason VARCHAR);
 """
 
@@ -77,6 +87,11 @@ class Source:
     @property
     def label(self) -> str:
         return str(self.sniffed.path)
+
+    @property
+    def priced(self) -> bool:
+        """Costs come from the price table (no cost column was named)."""
+        return self.format.priced and "cost_usd" not in self.columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +165,23 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
             source=source.label,
         )
         engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
+        note = _join_parts(engine, source, note)
+        if source.priced:
+            _price(engine, source)
+            # DuckDB does not number the rows it keeps: line 0 means "not known".
+            engine.execute(
+                "INSERT INTO malformed SELECT src, coalesce(pos, 0), reason FROM bill"
+                f" WHERE src = {source.index} AND reason IS NOT NULL"
+            )
+            engine.execute(f"DELETE FROM bill WHERE src = {source.index} AND reason IS NOT NULL")
     else:
         with engine.ordered():
             engine.execute(
                 f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label
             )
+        note = _join_parts(engine, source, note)
+        if source.priced:
+            _price(engine, source)
         engine.execute(
             f"INSERT INTO malformed SELECT src, pos, reason FROM {table}"
             f" WHERE src = {source.index} AND reason IS NOT NULL ORDER BY pos"
@@ -203,6 +230,7 @@ def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
     )
     values = {name: _quoted(column) for name, column in source.columns.items()}
     scope, flag = source.format.business_scope, source.format.unkeyed_retry_flag
+    part = source.format.part_column or ""
     return _normalize(
         source,
         values,
@@ -211,6 +239,7 @@ def _csv_select(source: Source, rejects: str, *, strict: bool) -> str:
         f"SELECT NULL::BIGINT AS __pos, * FROM {reader}",
         scope=_quoted(scope) if scope and scope in sniffed.columns else None,
         retry_flag=_quoted(flag) if flag and flag in sniffed.columns else None,
+        part=f"try_cast({_quoted(part)} AS BIGINT)" if part in sniffed.columns else None,
     )
 
 
@@ -267,15 +296,40 @@ def _json_select(source: Source) -> str:
     extras = [c for c in (source.format.business_scope, source.format.unkeyed_retry_flag) if c]
     paths = [*wanted.values(), *(c for c in extras if _present(c, sniffed))]
     slot = {column: index + 1 for index, column in enumerate(dict.fromkeys(paths))}
+    unbilled = source.format.unbilled_flag
+    part = source.format.part_column
+    for extra in (unbilled, part):
+        if extra and _present(extra, sniffed):
+            slot.setdefault(extra, len(slot) + 1)
     path_list = ", ".join(sql_string(_json_path(column, sniffed)) for column in slot)
+    reader = _json_reader(sniffed)
+    if sniffed.stamped:
+        # "<timestamp> {...}": the record starts at the first brace.
+        reader = (
+            f"SELECT __pos, CASE WHEN regexp_matches(left(j, 64), {sql_string(STAMP)})"
+            " THEN substr(j, strpos(j, '{')) ELSE j END AS j FROM (" + reader + ")"
+        )
+    if sniffed.enveloped:
+        # One API response per record: the record is its "data" object.
+        reader = (
+            "SELECT __pos, coalesce(CASE WHEN starts_with(ltrim(left(j, 64)), '{') THEN"
+            " try(json_extract(j, '$.data'))::VARCHAR END, j) AS j FROM (" + reader + ")"
+        )
     parsed = (
         # Only the head of a line is looked at (trimming a whole long line copies it);
         # blank lines are skipped, and DuckDB reads an empty line as NULL.
         "SELECT __pos, CASE WHEN starts_with(ltrim(left(j, 64)), '{') THEN"
         f" try(json_extract_string(j, [{path_list}])) END AS v"
-        f" FROM ({_json_reader(sniffed)})"
+        f" FROM ({reader})"
         " WHERE j IS NOT NULL AND (length(j) > 64 OR trim(j) <> '')"
     )
+    cost_column = source.columns.get("cost_usd")
+    if unbilled and unbilled in slot and cost_column:
+        # A cancelled generation that cost nothing was never billed: no bill line.
+        parsed = (
+            f"SELECT * FROM ({parsed}) WHERE NOT coalesce(try_cast(v[{slot[unbilled]}] AS BOOLEAN)"
+            f" AND try_cast(v[{slot[cost_column]}] AS {MONEY}) = 0, false)"
+        )
     values = {name: f"v[{slot[column]}]" for name, column in wanted.items()}
     fields = fields_of(source.side)
     checks = ["WHEN v IS NULL THEN 'not a JSON object'"]
@@ -301,6 +355,7 @@ def _json_select(source: Source) -> str:
         reason=reason,
         scope=f"v[{slot[scope]}]" if scope in slot else None,
         retry_flag=f"v[{slot[flag]}]" if flag in slot else None,
+        part=f"try_cast(v[{slot[part]}] AS BIGINT)" if part and part in slot else None,
     )
 
 
@@ -332,6 +387,7 @@ def _normalize(
     reason: str = "NULL",
     scope: str | None = None,
     retry_flag: str | None = None,
+    part: str | None = None,
 ) -> str:
     """SELECT the normalized columns of one side from ``relation`` (which has ``__pos``).
 
@@ -355,6 +411,7 @@ def _normalize(
         columns += [
             f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
         ]
+        columns.append(f"{part or 'NULL'} AS part")
         return f"SELECT {', '.join(columns)} FROM ({relation})"
     key = text("business_id")
     if scope:
@@ -386,3 +443,96 @@ def _normalize(
         f"{retry} AS unkeyed_retry",
     ]
     return f"SELECT {', '.join(columns)} FROM ({relation})"
+
+
+# ---------------------------------------------------------------- split rows
+
+
+def _join_parts(engine: Engine, source: Source, note: str) -> str:
+    """Keep one row per request id of a log whose entries are split in numbered parts."""
+    column = source.format.part_column
+    if source.side is not Side.BILL or not column or column not in source.sniffed.columns:
+        return note
+    src = source.index
+    before = int(engine.scalar(f"SELECT count(*) FROM bill WHERE src = {src}") or 0)
+    engine.execute(
+        f"DELETE FROM bill WHERE src = {src} AND reason IS NULL AND part IS NOT NULL"
+        " AND provider_request_id IS NOT NULL AND part > (SELECT min(first.part) FROM bill"
+        f" first WHERE first.src = {src} AND first.reason IS NULL"
+        " AND first.provider_request_id = bill.provider_request_id)"
+    )
+    dropped = before - int(engine.scalar(f"SELECT count(*) FROM bill WHERE src = {src}") or 0)
+    if not dropped:
+        return note
+    joined = f"{dropped} continuation rows ({column} after a request's first) left out"
+    return f"{note}; {joined}" if note else joined
+
+
+# ---------------------------------------------------------------- prices
+
+# Bedrock names a model by id (anthropic.claude-3-5-haiku-20241022-v1:0), by a
+# cross-region inference profile (us.anthropic...) or by an ARN ending in either.
+_PROFILE_PREFIX = re.compile(r"^(?:us|eu|apac|us-gov|global|jp|au|ca)\.")
+_PER_TOKEN = Decimal(1_000_000)
+
+
+def bill_price(model: str) -> ModelPrice | None:
+    """The price table's entry for a bill's model name, Bedrock ids included.
+
+    The name itself first (gpt-4o-2024-08-06, amazon.nova-micro-v1:0), then
+    without an ARN's path and a cross-region profile's prefix, then an
+    ``anthropic.`` id as Anthropic's own name (Bedrock lists Claude at
+    Anthropic's prices).
+    """
+    price = price_of(model)
+    if price is not None:
+        return price
+    name = _PROFILE_PREFIX.sub("", model.rsplit("/", 1)[-1])
+    price = price_of(name)
+    if price is None and name.startswith("anthropic."):
+        price = price_of(name.removeprefix("anthropic."))
+    return price
+
+
+def _price(engine: Engine, source: Source) -> None:
+    """Give one priced source's bill lines their cost: tokens at the table's rates.
+
+    A line without token counts, or whose model has no price, is malformed
+    rather than free.
+    """
+    src = source.index
+    engine.execute(
+        "UPDATE bill SET reason = CASE WHEN model IS NULL THEN 'no model to price'"
+        " ELSE 'no token counts to price' END WHERE src = "
+        f"{src} AND reason IS NULL AND (model IS NULL"
+        " OR (input_tokens IS NULL AND output_tokens IS NULL))"
+    )
+    models = [
+        str(row[0])
+        for row in engine.rows(
+            f"SELECT DISTINCT model FROM bill WHERE src = {src} AND reason IS NULL"
+        )
+    ]
+    rates = []
+    for model in models:
+        price = bill_price(model)
+        if price is not None:
+            per_in = Decimal(str(price.input)) / _PER_TOKEN
+            per_out = Decimal(str(price.output)) / _PER_TOKEN
+            rates.append(f"({sql_string(model)}, {per_in:f}, {per_out:f})")
+    table = f"prices_{src}"
+    engine.execute(
+        f"CREATE TEMP TABLE {table} (model VARCHAR, input DECIMAL(18,15), output DECIMAL(18,15))"
+    )
+    if rates:
+        engine.execute(f"INSERT INTO {table} VALUES {', '.join(rates)}")
+    engine.execute(
+        f"UPDATE bill SET cost_usd = CAST(coalesce(input_tokens, 0) * p.input"
+        f" + coalesce(output_tokens, 0) * p.output AS {MONEY}) FROM {table} p"
+        f" WHERE bill.src = {src} AND bill.reason IS NULL AND bill.model = p.model"
+    )
+    engine.execute(
+        "UPDATE bill SET reason = 'no price for model ' || model"
+        f" WHERE src = {src} AND reason IS NULL AND cost_usd IS NULL"
+    )
+    engine.execute(f"DROP TABLE {table}")

@@ -105,6 +105,9 @@ class SourceFormat:
     description: str = ""
     business_scope: str | None = None
     unkeyed_retry_flag: str | None = None
+    priced: bool = False
+    unbilled_flag: str | None = None
+    part_column: str | None = None
 
     def with_map(self, overrides: Mapping[str, str]) -> SourceFormat:
         """This format with some fields read from other columns (``--calls-map``)."""
@@ -126,7 +129,11 @@ def _fmt(
     required: set[str],
     signature: set[str] | None = None,
     description: str = "",
-    **extra: str,
+    business_scope: str | None = None,
+    unkeyed_retry_flag: str | None = None,
+    priced: bool = False,
+    unbilled_flag: str | None = None,
+    part_column: str | None = None,
 ) -> SourceFormat:
     return SourceFormat(
         name=name,
@@ -135,7 +142,11 @@ def _fmt(
         required=frozenset(required),
         signature=frozenset(signature or ()),
         description=description,
-        **extra,
+        business_scope=business_scope,
+        unkeyed_retry_flag=unkeyed_retry_flag,
+        priced=priced,
+        unbilled_flag=unbilled_flag,
+        part_column=part_column,
     )
 
 
@@ -201,6 +212,62 @@ LITELLM = _fmt(
     description="LiteLLM SpendLogs export, CSV, JSON lines or a JSON array",
 )
 
+BEDROCK = _fmt(
+    "bedrock-invocations",
+    Side.BILL,
+    {
+        "provider_request_id": "requestId",
+        "model": "modelId",
+        "endpoint": "operation",
+        "input_tokens": "input.inputTokenCount",
+        "output_tokens": "output.outputTokenCount",
+        "ts": "timestamp",
+    },
+    {"provider_request_id", "model"},
+    signature={"schemaType", "requestId", "modelId"},
+    description="AWS Bedrock model invocation logs (S3 objects or a CloudWatch export):"
+    " JSON lines or a JSON array, cost from the price table",
+    priced=True,
+)
+
+OPENROUTER = _fmt(
+    "openrouter-generations",
+    Side.BILL,
+    {
+        "provider_request_id": "id",
+        "cost_usd": "total_cost",
+        "model": "model",
+        "endpoint": "api_type",
+        "input_tokens": "tokens_prompt",
+        "output_tokens": "tokens_completion",
+        "ts": "created_at",
+    },
+    {"provider_request_id", "cost_usd"},
+    signature={"id", "total_cost", "tokens_prompt"},
+    description='OpenRouter GET /api/v1/generation records ({"data": {...}} per line,'
+    " bare records, or a JSON array)",
+    unbilled_flag="cancelled",
+)
+
+AZURE_APIM = _fmt(
+    "azure-apim-llm",
+    Side.BILL,
+    {
+        "provider_request_id": "CorrelationId",
+        "model": "ModelName",
+        "endpoint": "DeploymentName",
+        "input_tokens": "PromptTokens",
+        "output_tokens": "CompletionTokens",
+        "ts": "TimeGenerated",
+    },
+    {"provider_request_id", "model"},
+    signature={"CorrelationId", "PromptTokens", "CompletionTokens", "ModelName"},
+    description="Azure API Management ApiManagementGatewayLlmLog rows (CSV or JSON),"
+    " cost from the price table",
+    priced=True,
+    part_column="SequenceNumber",
+)
+
 GENERIC_BILL = _fmt(
     "generic",
     Side.BILL,
@@ -211,7 +278,16 @@ GENERIC_BILL = _fmt(
 )
 
 # Detection tries the formats with a signature first, in this order.
-FORMATS: tuple[SourceFormat, ...] = (PAYONCE, GENERIC_CALLS, LEDGER, LITELLM, GENERIC_BILL)
+FORMATS: tuple[SourceFormat, ...] = (
+    PAYONCE,
+    GENERIC_CALLS,
+    LEDGER,
+    LITELLM,
+    BEDROCK,
+    OPENROUTER,
+    AZURE_APIM,
+    GENERIC_BILL,
+)
 
 
 def formats_for(side: Side) -> tuple[SourceFormat, ...]:

@@ -14,6 +14,7 @@ import enum
 import gzip
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,13 @@ class Sniffed:
     gzip: bool
     columns: tuple[str, ...]
     delimiter: str = ","
+    enveloped: bool = False  # each record is {"data": {...}} (one API response per record)
+    stamped: bool = False  # each line is "<ISO timestamp> {...}" (a CloudWatch Logs export)
+
+
+# A CloudWatch Logs export task writes each event as its timestamp, a space, the message.
+STAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ {]* \{"
+_STAMP = re.compile(STAMP)
 
 
 def _head(path: Path) -> tuple[bytes, bool]:
@@ -89,6 +97,14 @@ def _json_keys(records: list[object]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _unwrapped(records: list[object]) -> list[object] | None:
+    """The inner records when every record is an API response ``{"data": {...}}``."""
+    dicts = [record for record in records if isinstance(record, dict)]
+    if not dicts or not all(isinstance(record.get("data"), dict) for record in dicts):
+        return None
+    return [record["data"] for record in dicts]
+
+
 def sniff(path: Path) -> Sniffed:
     """Read the head of ``path`` and tell its container and columns."""
     head, zipped = _head(path)
@@ -96,14 +112,18 @@ def sniff(path: Path) -> Sniffed:
     if not lines:
         raise ConfigError(f"{path}: empty file")
     first = lines[0].lstrip()
+    if _STAMP.match(first):
+        stamped = [line[line.index("{") :] for line in lines[:_SAMPLE_LINES] if "{" in line]
+        keys = _json_keys([_loaded(line) for line in stamped])
+        return Sniffed(path, Container.JSONL, zipped, keys, stamped=True)
     if first.startswith("["):
-        return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+        return _document(path, zipped, head)
     if first.startswith("{"):
         try:
             json.loads(first)
         except ValueError:
             # A "{" line that is not a whole object: a pretty-printed document.
-            return Sniffed(path, Container.JSON, zipped, _json_document_keys(head))
+            return _document(path, zipped, head)
         envelope = json.loads(first)
         if isinstance(envelope, dict) and isinstance(envelope.get("data"), list):
             # {"data": [...]} on one line: an API export, not one record per line.
@@ -114,13 +134,31 @@ def sniff(path: Path) -> Sniffed:
                 records.append(json.loads(line))
             except ValueError:
                 continue  # malformed lines are counted later, with their numbers
+        inner = _unwrapped(records)
+        if inner is not None:
+            return Sniffed(path, Container.JSONL, zipped, _json_keys(inner), enveloped=True)
         return Sniffed(path, Container.JSONL, zipped, _json_keys(records))
     delimiter = _delimiter(lines[0])
     header = next(csv.reader(io.StringIO(lines[0]), delimiter=delimiter))
     return Sniffed(path, Container.CSV, zipped, tuple(name.strip() for name in header), delimiter)
 
 
-def _json_document_keys(head: bytes) -> tuple[str, ...]:
+def _document(path: Path, zipped: bool, head: bytes) -> Sniffed:
+    records = _json_document_records(head)
+    inner = _unwrapped(records)
+    if inner is not None:
+        return Sniffed(path, Container.JSON, zipped, _json_keys(inner), enveloped=True)
+    return Sniffed(path, Container.JSON, zipped, _json_keys(records))
+
+
+def _loaded(line: str) -> object:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _json_document_records(head: bytes) -> list[object]:
     # The document may be larger than the sample; decode the records that fit.
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
     decoder = json.JSONDecoder()
@@ -137,7 +175,7 @@ def _json_document_keys(head: bytes) -> tuple[str, ...]:
         except ValueError:
             break
         records.append(record)
-    return _json_keys(records)
+    return records
 
 
 def detect_format(sniffed: Sniffed, side: Side, forced: str | None) -> SourceFormat:
