@@ -49,7 +49,7 @@ def test_a_scripted_scenario_is_counted_exactly(
     with concurrent.futures.ThreadPoolExecutor(3) as pool:  # 1 forwarded + 2 joined
         list(
             pool.map(
-                lambda _: chat(gateway.url, "obs-b", headers={"X-Sim-Delay-Ms": "600"}), range(3)
+                lambda _: chat(gateway.url, "obs-b", headers={"X-Sim-Delay-Ms": "1500"}), range(3)
             )
         )
     chat(gateway.url)  # passthrough
