@@ -13,8 +13,6 @@ import contextlib
 import random
 import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from payonce.clock import Clock
 from payonce.errors import (
@@ -27,6 +25,7 @@ from payonce.errors import (
 )
 from payonce.gateway.asgi import Message, Send
 from payonce.observe.calllog import CallLog, CallRecord
+from payonce.observe.facts import UpstreamFacts
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import Tracing
 
@@ -70,27 +69,6 @@ def outcome_of(error: ProblemError) -> str:
     if error.status < 500:
         return "rejected"
     return "error"
-
-
-@dataclass(slots=True)
-class UpstreamFacts:
-    """What one upstream call did and cost."""
-
-    status: int | None = None
-    request_id: str | None = None
-    model: str | None = None
-    usage: Mapping[str, int] | None = None
-    cost_usd: float | None = None
-    latency: float | None = None
-    attempts: int = 0
-    stream: bool = False
-    started: float = 0.0  # time.perf_counter() when the call began
-    # The gateway stopped the call (its client left, --on-disconnect cancel).
-    cancelled: bool = False
-
-    def sent(self, attempts: int) -> None:
-        """Note that attempt number ``attempts`` is being sent (connect retries count)."""
-        self.attempts = attempts
 
 
 class Observer:

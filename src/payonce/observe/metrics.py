@@ -22,8 +22,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from payonce.observe.pricing import priced_name
 
 if TYPE_CHECKING:
-    from payonce.gateway.observing import UpstreamFacts
     from payonce.observe.calllog import CallRecord
+    from payonce.observe.facts import UpstreamFacts
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics", "model_label"]
 

@@ -15,8 +15,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from payonce.gateway.observing import UpstreamFacts
     from payonce.observe.calllog import CallRecord
+    from payonce.observe.facts import UpstreamFacts
 
 __all__ = ["Tracing", "open_tracing"]
 

@@ -1,0 +1,33 @@
+"""What one upstream call did and cost: the facts the call log, metrics and spans report.
+
+Filled in by the gateway as the call runs; read by :mod:`payonce.observe`. It
+lives here, below the gateway, so that observe never imports the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["UpstreamFacts"]
+
+
+@dataclass(slots=True)
+class UpstreamFacts:
+    """What one upstream call did and cost."""
+
+    status: int | None = None
+    request_id: str | None = None
+    model: str | None = None
+    usage: Mapping[str, int] | None = None
+    cost_usd: float | None = None
+    latency: float | None = None
+    attempts: int = 0
+    stream: bool = False
+    started: float = 0.0  # time.perf_counter() when the call began
+    # The gateway stopped the call (its client left, --on-disconnect cancel).
+    cancelled: bool = False
+
+    def sent(self, attempts: int) -> None:
+        """Note that attempt number ``attempts`` is being sent (connect retries count)."""
+        self.attempts = attempts
