@@ -23,7 +23,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 from payonce.clock import Clock, SystemClock
@@ -67,15 +66,14 @@ from payonce.gateway.observing import (
     outcome_of,
     provider_request_id,
 )
+from payonce.gateway.passthrough import PassThrough
 from payonce.gateway.pending import PendingWrites
 from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
-from payonce.gateway.sse import StreamId, is_event_stream
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.metrics import Metrics
-from payonce.observe.pricing import cost_of
 from payonce.observe.tracing import open_tracing
 from payonce.observe.usage import model_usage_and_id
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
@@ -86,7 +84,6 @@ log = logging.getLogger("payonce.gateway")
 
 _JOINED = (b"idempotent-replayed", b"true")
 _NOT_REPLAYED = (b"idempotent-replayed", b"false")
-_VIA = (b"via", b"1.1 payonce")
 _REPLAY_FLUSH_SECONDS = 1.0
 # What OPTIONS * (a question about the server itself, RFC 9110 section 9.3.7) is told.
 _ALLOW = (b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
@@ -157,6 +154,7 @@ class Gateway:
             self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
         tracing = open_tracing() if settings.otel else None
         self.observer = Observer(self.metrics, call_log, self.clock, tracing)
+        self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
         names = [b"idempotency-key", b"x-idempotency-key"]
         if settings.key_from_request_id:
             names.append(b"x-request-id")
@@ -175,7 +173,6 @@ class Gateway:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Completions and releases that failed while the store was down, retried.
         self.pending = PendingWrites(self.clock)
-        self._unprotected_warned = -math.inf
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -300,126 +297,9 @@ class Gateway:
         record.model = model_of(body)
         if key is None:
             record.outcome = "passthrough"
-            await self._pass_through(request, receive, send, record)
+            await self.passthrough.forward(request, receive, send, record)
             return None
         return await self._keyed(key, request, receive, send, record)
-
-    async def _pass_through(
-        self, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
-    ) -> None:
-        forward = self._forward_unkeyed(request, send, record)
-        if self.settings.on_disconnect == "continue":
-            await forward
-        else:
-            await self._cancel_on_disconnect(forward, receive)
-
-    async def _forward_unprotected(
-        self,
-        request: ProxiedRequest,
-        receive: Receive,
-        send: Send,
-        record: CallRecord,
-        error: StoreUnavailable,
-    ) -> None:
-        """``--on-store-failure open``: a keyed request forwarded as if it had no key.
-
-        Nothing is claimed or stored, so duplicates of it may each run (and be
-        billed) until the store is back; they are counted and logged as such.
-        """
-        if self.settings.on_store_failure != "open":
-            raise error
-        now = time.monotonic()
-        if now - self._unprotected_warned >= 10.0:  # once per 10 s during an outage
-            self._unprotected_warned = now
-            log.warning("store unavailable, forwarding keyed requests unprotected: %s", error)
-        record.outcome = "passthrough"
-        record.store_bypassed = True
-        if self.metrics is not None:
-            self.metrics.unprotected_forwards.inc()
-        await self._pass_through(request, receive, send, record)
-
-    async def _forward_unkeyed(
-        self, request: ProxiedRequest, send: Send, record: CallRecord
-    ) -> None:
-        facts = UpstreamFacts(started=time.perf_counter())
-        try:
-            await self._relay_unkeyed(request, send, facts)
-        except asyncio.CancelledError:
-            facts.cancelled = True  # its client left (--on-disconnect cancel) or shutdown
-            raise
-        finally:
-            facts.latency = time.perf_counter() - facts.started
-            self.observer.upstream_call(facts, request.raw_path)
-            self.observer.apply(record, facts, saved=False)
-
-    async def _relay_unkeyed(
-        self, request: ProxiedRequest, send: Send, facts: UpstreamFacts
-    ) -> None:
-        async with self.upstream.open(
-            request.method,
-            request.raw_path,
-            request.query,
-            request.upstream_headers(),
-            request.body,
-            on_attempt=facts.sent,
-        ) as response:
-            facts.status, facts.attempts = response.status, response.attempts
-            facts.request_id = provider_request_id(response.headers)
-            if not is_event_stream(response.content_type):
-                body = await response.read()
-                facts.model, facts.usage, body_id = model_usage_and_id(body, response.headers)
-                facts.request_id = facts.request_id or body_id
-                facts.cost_usd = cost_of(facts.model, facts.usage)
-                await send_whole(
-                    send, StoredResponse(response.status, response.headers, body), _VIA
-                )
-                return
-            facts.stream = True
-            # A stream nobody can claim: relayed chunk by chunk, nothing recorded.
-            headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
-            headers.append(_VIA)
-            await send(
-                {"type": "http.response.start", "status": response.status, "headers": headers}
-            )
-            # Without a request-id header, the stream's own id is the join key.
-            stream_id = StreamId() if facts.request_id is None else None
-            async for chunk in response.chunks():
-                if stream_id is not None and stream_id.feed(chunk):
-                    facts.request_id, stream_id = stream_id.value, None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-
-    @staticmethod
-    async def _cancel_on_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> None:
-        # Without a key nobody can claim the result, so a client that leaves
-        # should stop the generation (and its bill) where the provider allows:
-        # leaving the upstream request's block closes its connection.
-        # The work runs in this task; one watcher task cancels it on disconnect.
-        current = asyncio.current_task()
-        assert current is not None
-        gone = False
-
-        def on_message(watcher: asyncio.Task[Any]) -> None:
-            nonlocal gone
-            if (
-                not watcher.cancelled()
-                and watcher.exception() is None
-                and watcher.result()["type"] == "http.disconnect"
-            ):
-                gone = True
-                current.cancel()
-
-        watcher = asyncio.ensure_future(receive())
-        watcher.add_done_callback(on_message)
-        try:
-            await work
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            current.uncancel()
-        finally:
-            watcher.remove_done_callback(on_message)
-            watcher.cancel()
 
     async def _keyed(
         self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
@@ -462,7 +342,7 @@ class Gateway:
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
                 )
             except StoreUnavailable as exc:
-                await self._forward_unprotected(request, receive, send, record, exc)
+                await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             if claim.status is ClaimStatus.ACQUIRED:
                 record.outcome = "forwarded"
@@ -510,7 +390,7 @@ class Gateway:
             try:
                 await self.store.wait(tenant, key, remaining)
             except StoreUnavailable as exc:
-                await self._forward_unprotected(request, receive, send, record, exc)
+                await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 
     async def _answer(
