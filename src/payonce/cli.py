@@ -369,6 +369,34 @@ def serve_command(**options: Any) -> None:
         run(settings)
 
 
+@cli.command("tenant-id")
+def tenant_id_command() -> None:
+    """Print the tenant id the gateway logs for a credential read from standard input.
+
+    \b
+    printf %s "$OPENAI_API_KEY" | payonce tenant-id
+    payonce tenant-id < keys.txt      # one credential per line, one id per line
+
+    The credential is never echoed or written anywhere (typed at a terminal, it
+    is read without echo). Use the ids in reconcile's --key-map. A request that
+    carries several credentials at once is a tenant of its own.
+    """
+    from payonce.gateway.keys import ANONYMOUS, tenant_of_credential
+
+    if sys.stdin.isatty():
+        lines = [click.prompt("credential", hide_input=True, err=True)]
+    else:
+        lines = sys.stdin.read().splitlines()
+    credentials = [line.strip() for line in lines if line.strip()]
+    if not credentials:
+        raise ConfigError("tenant-id: no credential on standard input")
+    for credential in credentials:
+        tenant = tenant_of_credential(credential)
+        if tenant == ANONYMOUS:
+            raise ConfigError("tenant-id: 'Bearer' without a key is no credential")
+        click.echo(tenant)
+
+
 cli.add_command(sim_command, "sim")
 cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")

@@ -26,7 +26,7 @@ def test_column_maps() -> None:
     assert parse_column_map(None, Side.BILL) == {}
     for text, needle in [
         ("business_id", "FIELD=COLUMN"),
-        ("cost_usd=x", "unknown field 'cost_usd'"),
+        ("price=x", "unknown field 'price'"),
         ("tag=a,tag=b", "mapped twice"),
     ]:
         with pytest.raises(ConfigError, match=needle):

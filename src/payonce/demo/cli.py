@@ -75,9 +75,12 @@ def _table(rows: list[RunFigures]) -> Any:
 def _reconcile(result: RunResult) -> tuple[Path, str]:
     """Write the run's reconcile HTML report; return it and the command that makes it."""
     from payonce.reconcile.html import render_html
+    from payonce.reconcile.report import Report
     from payonce.reconcile.run import reconcile
 
     report = reconcile([result.calls], [result.folder / "ledger.csv"])
+    if not isinstance(report, Report):  # pragma: no cover - a ledger is joined by request id
+        raise TypeError("the simulator's ledger gave a usage report")
     html = result.folder / "reconcile.html"
     html.write_text(render_html(report, ()), encoding="utf-8")
     command = shlex.join(

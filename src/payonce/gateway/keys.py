@@ -149,6 +149,16 @@ def tenant_of(
     return _tenant_of_values([value for name, value in headers if name in wanted])
 
 
+def tenant_of_credential(credential: str) -> str:
+    """The tenant id the gateway logs for requests carrying only ``credential``.
+
+    ``credential`` is what the client sends as its key (``sk-...``, or the header
+    value with ``Bearer``), or the value of ``--tenant-header``. What ``payonce
+    tenant-id`` prints, to write a reconcile ``--key-map`` without the log.
+    """
+    return _tenant_of_values([credential.encode("utf-8", "surrogateescape")])
+
+
 def _tenant_of_values(values: Sequence[bytes]) -> str:
     secrets = sorted({secret for secret in map(_secret, values) if secret})
     if not secrets:

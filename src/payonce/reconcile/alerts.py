@@ -11,6 +11,7 @@ from typing import Any
 
 from payonce.errors import ConfigError, PayonceError
 from payonce.reconcile.report import Alert, Report
+from payonce.reconcile.usage_report import UsageReport
 
 __all__ = ["ALERT_EXIT_CODE", "Thresholds", "evaluate", "post_webhook"]
 
@@ -24,20 +25,42 @@ class Thresholds:
 
     max_duplicate_ratio: float | None = None
     max_cost_per_call: float | None = None
+    max_unexplained_cost: float | None = None
 
 
-def evaluate(report: Report, thresholds: Thresholds) -> tuple[Alert, ...]:
-    """The thresholds the report goes past (none when every figure is within them)."""
+def evaluate(report: Report | UsageReport, thresholds: Thresholds) -> tuple[Alert, ...]:
+    """The thresholds the report goes past (none when every figure is within them).
+
+    Against usage reports, the duplicate ratio is by requests where the provider
+    counts them, else by money (``duplicate_cost_ratio``: Anthropic); the
+    unexplained cost is the cost report's when one was given. Against a
+    per-request bill, the unexplained cost is the unmatched spend.
+    """
     alerts = []
-    ratio = report.totals.duplicate_ratio
-    if thresholds.max_duplicate_ratio is not None and ratio > thresholds.max_duplicate_ratio:
-        alerts.append(
-            Alert("duplicate_ratio", ratio, thresholds.max_duplicate_ratio, "--max-duplicate-ratio")
-        )
-    cost = report.totals.cost_per_successful_call_usd
+    ratio: float | None
+    if isinstance(report, UsageReport):
+        ratio, metric = report.totals.duplicate_ratio, "duplicate_ratio"
+        if ratio is None:
+            ratio, metric = report.totals.duplicate_cost_ratio, "duplicate_cost_ratio"
+        cost = report.totals.cost_per_successful_call_usd
+        unexplained = report.unexplained_cost_usd
+        unexplained_metric = "unexplained_cost_usd"
+    else:
+        ratio, metric = report.totals.duplicate_ratio, "duplicate_ratio"
+        cost = report.totals.cost_per_successful_call_usd
+        unexplained = report.totals.unmatched_cost_usd
+        unexplained_metric = "unmatched_cost_usd"
+    limit = thresholds.max_duplicate_ratio
+    if limit is not None and ratio is not None and ratio > limit:
+        alerts.append(Alert(metric, ratio, limit, "--max-duplicate-ratio"))
     limit = thresholds.max_cost_per_call
     if limit is not None and cost is not None and cost > limit:
         alerts.append(Alert("cost_per_successful_call_usd", cost, limit, "--max-cost-per-call"))
+    limit = thresholds.max_unexplained_cost
+    if limit is not None and unexplained is not None and float(unexplained) > limit:
+        alerts.append(
+            Alert(unexplained_metric, float(unexplained), limit, "--max-unexplained-cost")
+        )
     return tuple(alerts)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-__all__ = ["Series", "horizontal_bars", "line_chart", "stacked_bars"]
+__all__ = ["Series", "horizontal_bars", "line_chart", "lines_chart", "stacked_bars"]
 
 WIDTH = 720
 HEIGHT = 280
@@ -183,3 +183,34 @@ def horizontal_bars(
             f"{escape(fmt(value))}</text>"
         )
     return _svg(parts, label, height)
+
+
+def lines_chart(
+    label: str,
+    categories: Sequence[str],
+    series: Sequence[Series],
+    fmt: Callable[[float], str],
+) -> str:
+    """Several lines over the same categories (billed against logged, per bucket).
+
+    No markers: a year of hourly buckets is thousands of points; a caller with
+    that many gathers them first (see ``usage_html``).
+    """
+    top = nice_ceiling(max((max(item.values, default=0.0) for item in series), default=0.0))
+    plot_width = WIDTH - _LEFT - _RIGHT
+    plot_height = HEIGHT - _TOP - _BOTTOM
+    slot = plot_width / max(1, len(categories))
+    parts = _axis(top, fmt, plot_width)
+    for item in series:
+        points = " ".join(
+            f"{_LEFT + slot * (i + 0.5):.1f},{_TOP + plot_height - plot_height * v / top:.1f}"
+            for i, v in enumerate(item.values)
+        )
+        dash = ' stroke-dasharray="5 3"' if item is not series[0] else ""
+        parts.append(
+            f'<polyline points="{points}" fill="none" stroke="{item.color}"'
+            f' stroke-width="2"{dash}><title>{escape(item.name)}</title></polyline>'
+        )
+    parts += _labels(categories, slot)
+    parts += _legend(series)
+    return _svg(parts, label)

@@ -79,7 +79,8 @@ def _fraction(value: str) -> float:
     type=click.Path(path_type=Path),
     metavar="FILE...",
     help="Bills: the simulator's ledger CSV, LiteLLM spend logs, Bedrock invocation logs,"
-    " OpenRouter generations, Azure APIM LLM logs or the generic schema.",
+    " OpenRouter generations, Azure APIM LLM logs, the generic schema; or OpenAI/Anthropic"
+    " usage and cost reports (compared bucket by bucket).",
 )
 @click.option(
     "--calls-format",
@@ -97,6 +98,10 @@ def _fraction(value: str) -> float:
             "bedrock-invocations",
             "openrouter-generations",
             "azure-apim-llm",
+            "openai-usage",
+            "openai-costs",
+            "anthropic-usage",
+            "anthropic-costs",
             "generic",
         ]
     ),
@@ -124,6 +129,27 @@ def _fraction(value: str) -> float:
     "--max-cost-per-call",
     metavar="USD",
     help="Exit 3 when the cost per successful business call is above this.",
+)
+@click.option(
+    "--max-unexplained-cost",
+    metavar="USD",
+    help="Exit 3 when spend nothing in the call log explains is above this (usage reports:"
+    " unexplained cost; request-id bills: unmatched spend).",
+)
+@click.option(
+    "--key-map",
+    type=click.Path(path_type=Path),
+    metavar="FILE",
+    help="Usage reports: JSON object from tenant id (payonce tenant-id) to the provider's"
+    " API key id or project id, to compare each key with its tenants' calls.",
+)
+@click.option(
+    "--token-tolerance",
+    default="0.01",
+    show_default=True,
+    metavar="RATIO",
+    help="Usage reports: a bucket whose billed and logged tokens differ by more than this"
+    " share of the billed ones is flagged, and only then are they unexplained.",
 )
 @click.option("--webhook", metavar="URL", help="POST the JSON summary to this URL.")
 @click.option(

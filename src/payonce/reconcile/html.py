@@ -23,7 +23,7 @@ _NEEDED, _WASTED, _UNMATCHED, _RATIO, _PER_CALL = (
     "#54a24b",
 )
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;
 background:#f6f7f9;color:#1d232a}
 main{max-width:1080px;margin:0 auto;padding:24px}
@@ -83,14 +83,14 @@ def _usd(value: object) -> str:
     return usd(float(value))  # type: ignore[arg-type]
 
 
-def _card(title: str, value: str, note: str, *, bad: bool = False) -> str:
+def card(title: str, value: str, note: str, *, bad: bool = False) -> str:
     return (
         f'<div class="card{" bad" if bad else ""}"><div class="k">{escape(title)}</div>'
         f'<div class="v">{escape(value)}</div><div class="k">{escape(note)}</div></div>'
     )
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(cell)}</th>" for cell in header)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
@@ -126,7 +126,7 @@ def _breakdown(column: str, slices: tuple[Slice, ...]) -> str:
         "successful requests",
         "cost per success",
     ]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _charts(report: Report) -> str:
@@ -229,27 +229,27 @@ def render_html(
     share = float(totals.wasted_cost_usd / totals.total_cost_usd) if totals.total_cost_usd else 0.0
     cards = "".join(
         [
-            _card(
+            card(
                 "Total spend",
                 _usd(totals.total_cost_usd),
                 f"{totals.billed_generations:,} billed generations",
             ),
-            _card(
+            card(
                 "Wasted on duplicates", _usd(totals.wasted_cost_usd), f"{percent(share)} of spend"
             ),
-            _card(
+            card(
                 "Duplicate ratio",
                 percent(totals.duplicate_ratio),
                 f"{totals.duplicate_generations:,} duplicate generations",
                 bad="duplicate_ratio" in flagged,
             ),
-            _card(
+            card(
                 "Cost per successful call",
                 usd(totals.cost_per_successful_call_usd),
                 f"{totals.successful_business_requests:,} successful business requests",
                 bad="cost_per_successful_call_usd" in flagged,
             ),
-            _card(
+            card(
                 "Unmatched spend",
                 _usd(totals.unmatched_cost_usd),
                 f"{totals.unmatched_bill_lines:,} bill"
@@ -278,7 +278,7 @@ def render_html(
     )
     if outliers.top:
         sections.append(
-            _table(
+            table(
                 ["request id", "model", "cost", "model median", "x median", "business id"],
                 [
                     [
@@ -296,7 +296,7 @@ def render_html(
     if report.unmatched:
         sections.append("<h2>Largest unmatched bill lines</h2>")
         sections.append(
-            _table(
+            table(
                 ["request id", "model", "cost", "bill lines", "file"],
                 [
                     [
@@ -316,19 +316,19 @@ def render_html(
             " read and are not counted above. The first ones:</p>"
         )
         sections.append(
-            _table(
+            table(
                 ["file", "line", "reason"],
                 [[m.file, str(m.line), m.reason] for m in report.malformed],
             )
         )
-    inputs = _table(
+    inputs = table(
         ["file", "side", "format", "rows read", "malformed"],
         [[i.file, i.side, i.format, f"{i.rows:,}", f"{i.malformed_rows:,}"] for i in report.inputs],
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
-        f"<title>LLM bill reconciliation, {escape(period)}</title><style>{_CSS}</style></head>"
+        f"<title>LLM bill reconciliation, {escape(period)}</title><style>{CSS}</style></head>"
         f"<body><main><h1>LLM bill reconciliation</h1><p class='sub'>{escape(period)};"
         f" generated {generated:%Y-%m-%d %H:%M} UTC by payonce reconcile</p>"
         f"{alert_html}<div class='cards'>{cards}</div>"

@@ -51,7 +51,10 @@ CREATE MACRO h(x) AS nullif(hash(x), hash(NULL::VARCHAR));
 CREATE TABLE calls (
     src INTEGER, pos BIGINT, business_id VARCHAR, provider_request_id VARCHAR,
     model VARCHAR, endpoint VARCHAR, tag VARCHAR, m UBIGINT, e UBIGINT, t UBIGINT,
-    success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR);
+    success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR,
+    outcome VARCHAR, upstream_status BIGINT, upstream_attempts BIGINT,
+    upstream_cancelled BOOLEAN, input_tokens BIGINT, output_tokens BIGINT,
+    cost_usd {MONEY});
 -- No figure uses the token counts, but reading them checks them (a row with a bad
 -- one is malformed) and makes DuckDB check every row's column count.
 CREATE TABLE bill (
@@ -67,6 +70,8 @@ _CSV_TYPES = {
     FieldKind.MONEY: MONEY,
     FieldKind.COUNT: "BIGINT",
     FieldKind.TIMESTAMP: "TIMESTAMPTZ",
+    FieldKind.AMOUNT: MONEY,
+    FieldKind.FLAG: "BOOLEAN",
 }
 
 
@@ -112,10 +117,22 @@ def _present(column: str, sniffed: Sniffed) -> bool:
     return sniffed.container is not Container.CSV and "." in column and head in sniffed.columns
 
 
-def resolve_columns(index: int, sniffed: Sniffed, side: Side, fmt: SourceFormat) -> Source:
-    """Match a format to a file's columns; a missing required column is an error (exit 2)."""
+def resolve_columns(
+    index: int,
+    sniffed: Sniffed,
+    side: Side,
+    fmt: SourceFormat,
+    fields: frozenset[str] | None = None,
+) -> Source:
+    """Match a format to a file's columns; a missing required column is an error (exit 2).
+
+    ``fields`` limits the optional fields read (each one read costs time on every
+    line); a required field, or one named in a map, is always read.
+    """
     columns: dict[str, str] = {}
     for name, column in fmt.columns.items():
+        if fields is not None and name not in fields and name not in fmt.required:
+            continue
         if _present(column, sniffed):
             columns[name] = column
         elif name in fmt.required:
@@ -339,7 +356,7 @@ def _json_select(source: Source) -> str:
         if kind is FieldKind.MONEY:
             checks.append(f"WHEN {raw} IS NULL THEN '{column}: missing'")
         typed = _typed(raw, kind)
-        if kind in (FieldKind.MONEY, FieldKind.COUNT, FieldKind.TIMESTAMP):
+        if kind in _NOUN:
             checks.append(
                 f"WHEN {raw} IS NOT NULL AND {typed} IS NULL THEN"
                 f" '{column}: not {_NOUN[kind]}: ' || {raw}"
@@ -361,14 +378,18 @@ def _json_select(source: Source) -> str:
 
 _NOUN = {
     FieldKind.MONEY: "a number",
+    FieldKind.AMOUNT: "a number",
+    FieldKind.FLAG: "true or false",
     FieldKind.COUNT: "an integer",
     FieldKind.TIMESTAMP: "a timestamp",
 }
 
 
 def _typed(raw: str, kind: FieldKind) -> str:
-    if kind is FieldKind.MONEY:
+    if kind in (FieldKind.MONEY, FieldKind.AMOUNT):
         return f"try_cast({raw} AS {MONEY})"
+    if kind is FieldKind.FLAG:
+        return f"try_cast({raw} AS BOOLEAN)"
     if kind is FieldKind.COUNT:
         return f"try_cast({raw} AS BIGINT)"
     if kind is FieldKind.TIMESTAMP:
@@ -442,7 +463,19 @@ def _normalize(
         f"{success} AS success",
         f"{retry} AS unkeyed_retry",
     ]
+    columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS if name in values]
     return f"SELECT {', '.join(columns)} FROM ({relation})"
+
+
+_UPSTREAM_FIELDS = (
+    "outcome",
+    "upstream_status",
+    "upstream_attempts",
+    "upstream_cancelled",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+)
 
 
 # ---------------------------------------------------------------- split rows

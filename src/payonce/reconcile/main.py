@@ -21,9 +21,12 @@ from payonce.reconcile.analysis import AnalysisSettings
 from payonce.reconcile.cli import now, parse_threshold, write_json
 from payonce.reconcile.engine import EngineSettings
 from payonce.reconcile.html import render_html
+from payonce.reconcile.keymap import read_key_map
 from payonce.reconcile.run import ReconcileOptions, reconcile
 from payonce.reconcile.schema import Side, parse_column_map
 from payonce.reconcile.terminal import BarProgress, render
+from payonce.reconcile.usage_report import UsageReport
+from payonce.reconcile.usage_views import render_usage, render_usage_html
 
 __all__ = ["run_command"]
 
@@ -55,7 +58,16 @@ def _options(flags: dict[str, Any], temp_dir: Path) -> ReconcileOptions:
             threads=flags["threads"],
         ),
         analysis=AnalysisSettings(outlier_factor=factor),
+        key_map=read_key_map(flags["key_map"]) if flags["key_map"] else None,
+        token_tolerance=_tolerance(flags["token_tolerance"]),
     )
+
+
+def _tolerance(value: str) -> float:
+    tolerance = parse_threshold("--token-tolerance", value)
+    if tolerance is None or tolerance >= 1:
+        raise ConfigError("--token-tolerance: expected a share below 1 (0.01 = 1%)")
+    return tolerance
 
 
 def run_command(flags: dict[str, Any]) -> int:
@@ -63,6 +75,9 @@ def run_command(flags: dict[str, Any]) -> int:
     thresholds = Thresholds(
         max_duplicate_ratio=parse_threshold("--max-duplicate-ratio", flags["max_duplicate_ratio"]),
         max_cost_per_call=parse_threshold("--max-cost-per-call", flags["max_cost_per_call"]),
+        max_unexplained_cost=parse_threshold(
+            "--max-unexplained-cost", flags["max_unexplained_cost"]
+        ),
     )
     webhook = check_webhook_url(flags["webhook"]) if flags["webhook"] else None
     calls, bills = list(flags["calls"]), list(flags["bills"])
@@ -80,7 +95,10 @@ def run_command(flags: dict[str, Any]) -> int:
     document = report.as_json(alerts)
 
     if not flags["quiet"]:
-        render(console, report, alerts)
+        if isinstance(report, UsageReport):
+            render_usage(console, report, alerts)
+        else:
+            render(console, report, alerts)
     elif alerts:
         for alert in alerts:
             stderr.print(f"[bold red]ALERT:[/bold red] {alert.message}")
@@ -88,7 +106,12 @@ def run_command(flags: dict[str, Any]) -> int:
         write_json(flags["json_path"], document)
     if flags["html_path"]:
         try:
-            flags["html_path"].write_text(render_html(report, alerts, now()), encoding="utf-8")
+            page = (
+                render_usage_html(report, alerts, now())
+                if isinstance(report, UsageReport)
+                else render_html(report, alerts, now())
+            )
+            flags["html_path"].write_text(page, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"--html: cannot write {flags['html_path']}: {exc.strerror}") from exc
     if webhook and (alerts or flags["webhook_on"] == "always"):

@@ -9,12 +9,21 @@ from pathlib import Path
 from payonce.errors import ConfigError
 from payonce.reconcile.analysis import AnalysisSettings, analyse
 from payonce.reconcile.engine import Engine, EngineSettings, ProgressSink
+from payonce.reconcile.exports import (
+    Export,
+    create_export_tables,
+    detect_export,
+    load_export,
+)
+from payonce.reconcile.keymap import KeyMap
 from payonce.reconcile.loading import LoadedSource, create_tables, load_source, resolve_columns
-from payonce.reconcile.report import InputSummary, Report
-from payonce.reconcile.schema import Side
-from payonce.reconcile.sniff import detect_format, sniff
+from payonce.reconcile.report import InputSummary, MalformedRow, Report
+from payonce.reconcile.schema import REQUEST_JOIN_CALL_FIELDS, Side
+from payonce.reconcile.sniff import detect_format, read_head, sniff
+from payonce.reconcile.usage_analysis import analyse_usage
+from payonce.reconcile.usage_report import UsageReport
 
-__all__ = ["ReconcileOptions", "reconcile"]
+__all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +40,8 @@ class ReconcileOptions:
     bill_map: Mapping[str, str] = field(default_factory=dict)
     engine: EngineSettings = field(default_factory=EngineSettings)
     analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+    key_map: KeyMap | None = None
+    token_tolerance: float = 0.01
 
 
 def reconcile(
@@ -38,13 +49,38 @@ def reconcile(
     bills: Sequence[Path],
     options: ReconcileOptions | None = None,
     progress: ProgressSink | None = None,
-) -> Report:
-    """Join call logs with bills and compute every figure of the report."""
+) -> Report | UsageReport:
+    """Join call logs with bills and compute every figure of the report.
+
+    Bills that are per-request (a ledger, spend logs, invocation logs) are joined
+    by request id (a :class:`Report`); providers' usage and cost reports are
+    compared bucket by bucket (a :class:`UsageReport`). One run takes one kind.
+    """
     options = options or ReconcileOptions()
     if not calls:
         raise ConfigError("--calls: at least one call log is needed")
     if not bills:
         raise ConfigError("--bill: at least one bill is needed")
+    kinds = [detect_export(path, options.bill_format) for path in bills]
+    if any(kind is not None for kind in kinds):
+        if any(kind is None for kind in kinds):
+            per_request = next(
+                path for path, kind in zip(bills, kinds, strict=True) if kind is None
+            )
+            raise ConfigError(
+                f"{per_request}: a per-request bill cannot be reconciled in the same run as"
+                " usage or cost reports; run them separately"
+            )
+        exports = [
+            Export(len(calls) + i, path, kind, read_head(path)[1])
+            for i, (path, kind) in enumerate(zip(bills, kinds, strict=True))
+            if kind is not None
+        ]
+        return reconcile_usage(calls, exports, options, progress)
+    if options.key_map is not None:
+        raise ConfigError(
+            "--key-map: only usage reports are joined by key; this bill has request ids"
+        )
     # Every file is sniffed and checked before anything is loaded, so a missing
     # column in the last file fails in a moment, not after minutes of reading.
     sides = [(path, Side.CALLS) for path in calls] + [(path, Side.BILL) for path in bills]
@@ -54,7 +90,8 @@ def reconcile(
         forced = options.calls_format if side is Side.CALLS else options.bill_format
         fmt = detect_format(sniffed, side, forced)
         overrides = options.calls_map if side is Side.CALLS else options.bill_map
-        sources.append(resolve_columns(index, sniffed, side, fmt.with_map(overrides)))
+        wanted = REQUEST_JOIN_CALL_FIELDS if side is Side.CALLS else None
+        sources.append(resolve_columns(index, sniffed, side, fmt.with_map(overrides), wanted))
 
     engine = Engine(options.engine, progress)
     try:
@@ -91,4 +128,79 @@ def reconcile(
         period_start=result.period[0],
         period_end=result.period[1],
         truncated=dict(result.truncated),
+    )
+
+
+def reconcile_usage(
+    calls: Sequence[Path],
+    exports: Sequence[Export],
+    options: ReconcileOptions,
+    progress: ProgressSink | None = None,
+) -> UsageReport:
+    """Compare call logs with usage and cost reports, bucket by bucket."""
+    sources = []
+    for index, path in enumerate(calls):
+        sniffed = sniff(path)
+        fmt = detect_format(sniffed, Side.CALLS, options.calls_format)
+        sources.append(resolve_columns(index, sniffed, Side.CALLS, fmt.with_map(options.calls_map)))
+    engine = Engine(options.engine, progress)
+    try:
+        create_tables(engine)
+        create_export_tables(engine)
+        loaded = [load_source(engine, source) for source in sources]
+        summaries = [
+            InputSummary(
+                file=item.source.label,
+                side="calls",
+                format=item.source.format.name,
+                container=item.source.sniffed.container.value,
+                rows=item.rows,
+                malformed_rows=item.malformed,
+                note=item.note,
+            )
+            for item in loaded
+        ]
+        for export in exports:
+            rows, bad, note = load_export(engine, export)
+            summaries.append(
+                InputSummary(export.label, "bill", export.kind.value, "json", rows, bad, note)
+            )
+        if not any(export.kind.is_usage for export in exports) and options.key_map:
+            raise ConfigError("--key-map: needs a usage report (cost reports are not by key)")
+        result = analyse_usage(engine, options.key_map, options.token_tolerance)
+        files = {source.index: source.label for source in sources}
+        files.update({export.index: export.label for export in exports})
+        malformed_rows = int(engine.scalar("SELECT count(*) FROM malformed") or 0)
+        malformed = _malformed(engine, files, options.analysis.malformed_listed)
+    finally:
+        engine.close()
+    return UsageReport(
+        totals=result.totals,
+        by_provider=result.breakdowns["provider"],
+        by_model=result.breakdowns["model"],
+        by_key=result.breakdowns["key"],
+        buckets=result.buckets,
+        cost_days=result.cost_days,
+        bucket_width_s=result.widths,
+        key_column=options.key_map.column if options.key_map else None,
+        token_tolerance=options.token_tolerance,
+        not_computed=result.not_computed,
+        calls_outside=result.calls_outside,
+        notes=result.notes,
+        inputs=tuple(summaries),
+        malformed_rows=malformed_rows,
+        malformed=malformed,
+        period_start=result.period[0],
+        period_end=result.period[1],
+    )
+
+
+def _malformed(engine: Engine, files: dict[int, str], per_file: int) -> tuple[MalformedRow, ...]:
+    rows = engine.rows(
+        "SELECT src, line, reason FROM (SELECT *, row_number() OVER"
+        " (PARTITION BY src ORDER BY line) AS n FROM malformed)"
+        f" WHERE n <= {int(per_file)} ORDER BY src, line"
+    )
+    return tuple(
+        MalformedRow(files.get(src, "?"), int(line or 0), str(reason)) for src, line, reason in rows
     )

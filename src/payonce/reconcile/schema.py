@@ -26,6 +26,7 @@ __all__ = [
     "BILL_FIELDS",
     "CALL_FIELDS",
     "FORMATS",
+    "REQUEST_JOIN_CALL_FIELDS",
     "FieldKind",
     "Side",
     "SourceFormat",
@@ -49,6 +50,8 @@ class FieldKind(enum.Enum):
     COUNT = "count"  # an integer
     TIMESTAMP = "timestamp"  # ISO 8601; without an offset it is taken as UTC
     STATUS = "status"  # an HTTP status or a word such as "success"
+    AMOUNT = "amount"  # a number that may be absent (a call whose price is unknown)
+    FLAG = "flag"  # true or false
 
 
 CALL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
@@ -60,7 +63,21 @@ CALL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
         "tag": FieldKind.TEXT,
         "status": FieldKind.STATUS,
         "ts": FieldKind.TIMESTAMP,
+        # What the upstream did: read only by the aggregated reconciliation, which
+        # compares the calls the gateway sent with a provider's usage buckets.
+        "outcome": FieldKind.TEXT,
+        "upstream_status": FieldKind.COUNT,
+        "upstream_attempts": FieldKind.COUNT,
+        "upstream_cancelled": FieldKind.FLAG,
+        "input_tokens": FieldKind.COUNT,
+        "output_tokens": FieldKind.COUNT,
+        "cost_usd": FieldKind.AMOUNT,
     }
+)
+
+# The fields the per-request join needs; the others are read only when asked for.
+REQUEST_JOIN_CALL_FIELDS = frozenset(
+    ("business_id", "provider_request_id", "model", "endpoint", "tag", "status", "ts")
 )
 
 BILL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
@@ -161,6 +178,13 @@ PAYONCE = _fmt(
         "tag": "tenant",
         "status": "status",
         "ts": "ts",
+        "outcome": "outcome",
+        "upstream_status": "upstream_status",
+        "upstream_attempts": "upstream_attempts",
+        "upstream_cancelled": "upstream_cancelled",
+        "input_tokens": "input_tokens",
+        "output_tokens": "output_tokens",
+        "cost_usd": "cost_usd",
     },
     {"provider_request_id", "business_id"},
     signature={"v", "outcome", "upstream_request_id"},
@@ -175,7 +199,8 @@ GENERIC_CALLS = _fmt(
     {name: name for name in CALL_FIELDS},
     {"business_id", "provider_request_id"},
     description="generic calls: business_id, provider_request_id"
-    "[, model, endpoint, tag, status, ts]",
+    "[, model, endpoint, tag, status, ts, outcome, upstream_status, upstream_attempts,"
+    " upstream_cancelled, input_tokens, output_tokens, cost_usd]",
 )
 
 LEDGER = _fmt(

@@ -21,7 +21,7 @@ from pathlib import Path
 from payonce.errors import ConfigError
 from payonce.reconcile.schema import Side, SourceFormat, format_named, formats_for
 
-__all__ = ["Container", "Sniffed", "detect_format", "sniff"]
+__all__ = ["Container", "Sniffed", "detect_format", "read_head", "sniff"]
 
 _SAMPLE_BYTES = 1 << 20  # enough for a header and a few hundred JSON lines
 _SAMPLE_LINES = 200
@@ -58,7 +58,7 @@ STAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ {]* \{"
 _STAMP = re.compile(STAMP)
 
 
-def _head(path: Path) -> tuple[bytes, bool]:
+def read_head(path: Path) -> tuple[bytes, bool]:
     try:
         with path.open("rb") as raw:
             magic = raw.read(2)
@@ -107,7 +107,7 @@ def _unwrapped(records: list[object]) -> list[object] | None:
 
 def sniff(path: Path) -> Sniffed:
     """Read the head of ``path`` and tell its container and columns."""
-    head, zipped = _head(path)
+    head, zipped = read_head(path)
     lines = _lines(head)
     if not lines:
         raise ConfigError(f"{path}: empty file")

@@ -1,0 +1,529 @@
+"""The aggregated join: the call log bucketed like a provider's usage report, then compared.
+
+::
+
+    usage ──(later file wins on repeats)──► billed cells (provider, bucket, model, key)
+    calls ──► sent (provider by path, upstream call or not, duplicate or not)
+          ──(the report's grid: origin + k x width)──► logged cells, business cells
+    billed ⟗ logged ⟗ business ──► cells ──► per bucket
+                                      └──► per (provider, model, key) over the period
+                                           ──► by model, by key, by provider, in all
+    costs ──► cost days ◄── the log's cost of the calls in each day
+
+Model names are compared without a date suffix (``gpt-4o-mini-2024-07-18`` and
+``gpt-4o-mini`` are one model, ``claude-sonnet-4-20250514`` is
+``claude-sonnet-4``): a gateway logs the name asked for, a report the snapshot
+that ran. A report not grouped by model is compared in all models at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from payonce.errors import ConfigError
+from payonce.reconcile.engine import Engine, sql_string
+from payonce.reconcile.keymap import KeyMap
+from payonce.reconcile.loading import bill_price
+from payonce.reconcile.usage_report import CostDay, UsageFigures, UsageSlice
+
+__all__ = ["UsageAnalysis", "analyse_usage"]
+
+OTHER_KEYS = "(keys not in --key-map)"
+UNMAPPED = "(tenants not in --key-map)"
+UNKNOWN_MODEL = "(no model)"
+# mk and kd are '*' where the report is not grouped by model or key: cells join on
+# them, and NULL would never join.
+_ALL = "*"
+_PER_TOKEN = Decimal(1_000_000)
+_NO_COST = "99999999"  # sorts a call of unknown cost after every priced one
+
+_SETUP = r"""
+CREATE MACRO model_key(x) AS
+    regexp_replace(x, '-([0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{8}|latest)$', '');
+-- A result repeated across files (two overlapping fetches): the later file wins,
+-- since the earlier one may have fetched a bucket that was still filling.
+CREATE TABLE billed_rows AS SELECT * FROM usage QUALIFY row_number() OVER (
+    PARTITION BY provider, bucket_start, bucket_end, model, api_key_id, project_id,
+                 user_id, service_tier, context_window ORDER BY src DESC) = 1;
+CREATE TABLE cost_rows AS SELECT * FROM costs QUALIFY row_number() OVER (
+    PARTITION BY provider, bucket_start, bucket_end, project_id, line_item, model
+    ORDER BY src DESC) = 1;
+CREATE TABLE grid AS
+SELECT provider, usage, min(epoch(bucket_start))::BIGINT AS origin,
+       mode(epoch(bucket_end) - epoch(bucket_start))::BIGINT AS width
+FROM (SELECT DISTINCT provider, usage, bucket_start, bucket_end FROM export_buckets)
+GROUP BY provider, usage;
+CREATE TABLE report_buckets AS
+SELECT DISTINCT provider, usage, bucket_start, bucket_end FROM export_buckets;
+"""
+
+_OFF_GRID = """
+SELECT b.provider, b.usage, g.width, epoch(b.bucket_end) - epoch(b.bucket_start) AS seen
+FROM report_buckets b JOIN grid g USING (provider, usage)
+WHERE (epoch(b.bucket_start)::BIGINT - g.origin) % g.width <> 0
+   OR epoch(b.bucket_end) - epoch(b.bucket_start) > g.width
+   -- Only the last bucket may be shorter: a report cut at its end time.
+   OR (epoch(b.bucket_end) - epoch(b.bucket_start) < g.width AND b.bucket_start < (
+       SELECT max(bucket_start) FROM report_buckets l
+       WHERE l.provider = b.provider AND l.usage = b.usage))
+   OR (SELECT count(*) FROM report_buckets o WHERE o.provider = b.provider
+       AND o.usage = b.usage AND o.bucket_start = b.bucket_start) > 1
+LIMIT 1
+"""
+
+_SENT = """
+CREATE TABLE sent AS
+SELECT c.rowid AS rid, c.business_id, c.tag AS tenant, c.model, c.ts, c.success,
+       c.cost_usd AS cost, c.input_tokens, c.output_tokens,
+       CASE WHEN suffix(c.endpoint, '/v1/messages') THEN 'anthropic'
+            WHEN suffix(c.endpoint, '/v1/chat/completions') OR suffix(c.endpoint, '/v1/completions')
+              OR suffix(c.endpoint, '/v1/responses') THEN 'openai'
+            WHEN c.endpoint IS NULL THEN {only_provider} END AS provider,
+       CASE WHEN suffix(c.endpoint, '/v1/messages') THEN 'anthropic'
+            WHEN c.endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider,
+       -- Sent: it made an upstream attempt (v2), or was forwarded (v1), or the log
+       -- does not say (a generic log: every line is a call). Counted: answered 2xx,
+       -- or cancelled after it was sent (the provider may have billed it).
+       coalesce(c.upstream_attempts > 0, c.outcome IN ('forwarded', 'passthrough', 'error'), true)
+       AND CASE WHEN c.upstream_status IS NULL AND c.upstream_cancelled IS NULL
+                     AND c.outcome IS NULL THEN c.success
+                ELSE coalesce(c.upstream_status BETWEEN 200 AND 299, false)
+                     OR coalesce(c.upstream_cancelled, false) END AS upstream_call,
+       false AS duplicate
+FROM calls c;
+
+-- Every upstream call of a business request but the cheapest (then the earliest)
+-- is a duplicate; so is every retry sent without a key (no business id).
+CREATE TEMP TABLE repeated AS
+SELECT hash(business_id) AS hb FROM sent WHERE upstream_call AND business_id IS NOT NULL
+GROUP BY hb HAVING count(*) > 1;
+CREATE TEMP TABLE needed AS
+SELECT business_id, arg_min(rid, (coalesce(cost, {no_cost}), ts, rid)) AS rid
+FROM sent WHERE upstream_call AND hash(business_id) IN (SELECT hb FROM repeated)
+GROUP BY business_id HAVING count(*) > 1;
+UPDATE sent SET duplicate = true
+WHERE upstream_call AND (business_id IS NULL OR (
+    hash(business_id) IN (SELECT hb FROM repeated)
+    AND business_id IN (SELECT business_id FROM needed)
+    AND rid NOT IN (SELECT rid FROM needed)));
+"""
+
+_PLACED = """
+CREATE TABLE placed AS
+SELECT s.*, b.bucket_start AS bucket,
+       CASE WHEN p.by_model THEN coalesce(model_key(s.model), {unknown}) ELSE '*' END AS mk,
+       CASE WHEN p.keyed THEN coalesce(k.target, {unmapped}) ELSE '*' END AS kd,
+       CASE WHEN s.provider IS NULL THEN 'endpoints the usage reports do not cover'
+            WHEN g.origin IS NULL THEN 'no usage report for their provider'
+            WHEN s.ts IS NULL THEN 'no timestamp'
+            WHEN b.bucket_start IS NULL THEN 'outside the usage reports'' buckets' END AS outside
+FROM sent s
+LEFT JOIN grid g ON g.provider = s.provider AND g.usage
+LEFT JOIN report_buckets b ON b.usage AND b.provider = s.provider
+    AND b.bucket_start = to_timestamp(g.origin
+        + floor((epoch(s.ts) - g.origin) / g.width)::BIGINT * g.width)
+    AND s.ts < b.bucket_end
+LEFT JOIN providers p ON p.provider = s.provider
+LEFT JOIN keymap k ON k.tenant = s.tenant;
+"""
+
+_CELLS = """
+CREATE TABLE logged AS
+SELECT provider, bucket, mk, kd,
+       count(*) AS logged_upstream_calls,
+       count(*) FILTER (duplicate) AS duplicate_requests,
+       coalesce(sum(input_tokens), 0) AS logged_input_tokens,
+       coalesce(sum(output_tokens), 0) AS logged_output_tokens,
+       count(*) FILTER (input_tokens IS NULL AND output_tokens IS NULL) AS unknown_usage_calls,
+       coalesce(sum(cost), 0) AS logged_cost_usd,
+       coalesce(sum(cost) FILTER (duplicate), 0) AS wasted_cost_usd,
+       count(*) FILTER (cost IS NULL) AS unpriced_calls
+FROM placed WHERE upstream_call AND outside IS NULL GROUP BY ALL;
+
+CREATE TABLE business AS
+SELECT provider, bucket, mk, kd, count(*) AS business_requests,
+       count(*) FILTER (ok) AS successful_business_requests
+FROM (SELECT business_id, arg_min(provider, ts) AS provider, arg_min(bucket, ts) AS bucket,
+             arg_min(mk, ts) AS mk, arg_min(kd, ts) AS kd, bool_or(success) AS ok
+      FROM placed WHERE outside IS NULL AND business_id IS NOT NULL GROUP BY business_id)
+GROUP BY ALL;
+
+CREATE TABLE billed AS
+SELECT u.provider, u.bucket_start AS bucket,
+       CASE WHEN p.by_model THEN coalesce(model_key(u.model), {unknown}) ELSE '*' END AS mk,
+       CASE WHEN p.keyed THEN CASE WHEN u.{key_column} IN (SELECT target FROM keymap)
+            THEN u.{key_column} ELSE {other_keys} END ELSE '*' END AS kd,
+       sum(u.requests) AS billed_requests,
+       sum(u.input_tokens) AS billed_input_tokens,
+       sum(u.cached_input_tokens) AS billed_cached_input_tokens,
+       sum(u.output_tokens) AS billed_output_tokens
+FROM billed_rows u JOIN providers p USING (provider) GROUP BY ALL;
+
+CREATE TABLE cells AS
+SELECT provider, bucket, mk, kd,
+       CASE WHEN p.counts_requests THEN coalesce(b.billed_requests, 0) END AS billed_requests,
+       coalesce(b.billed_input_tokens, 0) AS billed_input_tokens,
+       coalesce(b.billed_cached_input_tokens, 0) AS billed_cached_input_tokens,
+       coalesce(b.billed_output_tokens, 0) AS billed_output_tokens,
+       coalesce(l.logged_upstream_calls, 0) AS logged_upstream_calls,
+       coalesce(l.duplicate_requests, 0) AS duplicate_requests,
+       coalesce(l.logged_input_tokens, 0) AS logged_input_tokens,
+       coalesce(l.logged_output_tokens, 0) AS logged_output_tokens,
+       coalesce(l.unknown_usage_calls, 0) AS unknown_usage_calls,
+       coalesce(l.logged_cost_usd, 0) AS logged_cost_usd,
+       coalesce(l.wasted_cost_usd, 0) AS wasted_cost_usd,
+       coalesce(l.unpriced_calls, 0) AS unpriced_calls,
+       coalesce(z.business_requests, 0) AS business_requests,
+       coalesce(z.successful_business_requests, 0) AS successful_business_requests
+FROM billed b
+FULL JOIN logged l USING (provider, bucket, mk, kd)
+FULL JOIN business z USING (provider, bucket, mk, kd)
+JOIN providers p USING (provider);
+"""
+
+_RAW = (
+    "billed_requests",
+    "billed_input_tokens",
+    "billed_cached_input_tokens",
+    "billed_output_tokens",
+    "logged_upstream_calls",
+    "duplicate_requests",
+    "logged_input_tokens",
+    "logged_output_tokens",
+    "unknown_usage_calls",
+    "logged_cost_usd",
+    "wasted_cost_usd",
+    "unpriced_calls",
+    "business_requests",
+    "successful_business_requests",
+)
+
+# The differences of one cell, from its raw sums and its model's price.
+_DERIVED = """
+SELECT r.*,
+       CASE WHEN billed_requests IS NOT NULL
+            THEN greatest(0, billed_requests - logged_upstream_calls) END AS unexplained_requests,
+       CASE WHEN billed_requests IS NOT NULL
+            THEN greatest(0, logged_upstream_calls - billed_requests) END AS unbilled_calls,
+       abs(billed_input_tokens - logged_input_tokens) > {tolerance} * billed_input_tokens AS in_off,
+       abs(billed_output_tokens - logged_output_tokens) > {tolerance} * billed_output_tokens
+           AS out_off,
+       CASE WHEN in_off THEN greatest(0, billed_input_tokens - logged_input_tokens) ELSE 0 END
+           AS unexplained_input_tokens,
+       CASE WHEN out_off THEN greatest(0, billed_output_tokens - logged_output_tokens) ELSE 0 END
+           AS unexplained_output_tokens,
+       CAST((billed_input_tokens - billed_cached_input_tokens) * pr.input
+            + billed_cached_input_tokens * pr.cached + billed_output_tokens * pr.output
+            AS DECIMAL(18,10)) AS billed_cost_usd,
+       CAST(unexplained_input_tokens * pr.input + unexplained_output_tokens * pr.output
+            AS DECIMAL(18,10)) AS unexplained_cost_usd,
+       coalesce(unexplained_requests > 0 OR unbilled_calls > 0, false) OR in_off OR out_off
+           AS flagged
+FROM ({relation}) r LEFT JOIN prices pr USING (mk)
+"""
+
+_SUMS = ", ".join(
+    [f"sum({name}) AS {name}" for name in _RAW if name != "billed_requests"]
+    + [
+        # Unknown in any part is unknown in the sum, never a partial number.
+        f"CASE WHEN bool_and({name} IS NOT NULL) THEN sum({name}) END AS {name}"
+        for name in (
+            "billed_requests",
+            "unexplained_requests",
+            "unbilled_calls",
+            "billed_cost_usd",
+            "unexplained_cost_usd",
+        )
+    ]
+    + [
+        "sum(unexplained_input_tokens) AS unexplained_input_tokens",
+        "sum(unexplained_output_tokens) AS unexplained_output_tokens",
+        "bool_or(flagged) AS flagged",
+    ]
+)
+
+_PERIOD_CELLS = (
+    "SELECT provider, mk, kd, "
+    + ", ".join(
+        f"CASE WHEN bool_and({name} IS NOT NULL) THEN sum({name}) END AS {name}"
+        if name == "billed_requests"
+        else f"sum({name}) AS {name}"
+        for name in _RAW
+    )
+    + " FROM cells GROUP BY provider, mk, kd"
+)
+
+_COST_DAYS = """
+WITH days AS (
+    SELECT provider, bucket_start, bucket_end, sum(amount_usd) AS billed
+    FROM cost_rows GROUP BY ALL
+), spent AS (
+    SELECT s.cost_provider AS provider, b.bucket_start, sum(s.cost) AS logged
+    FROM sent s
+    JOIN grid g ON g.provider = s.cost_provider AND NOT g.usage
+    JOIN report_buckets b ON NOT b.usage AND b.provider = s.cost_provider
+        AND b.bucket_start = to_timestamp(g.origin
+            + floor((epoch(s.ts) - g.origin) / g.width)::BIGINT * g.width)
+        AND s.ts < b.bucket_end
+    WHERE s.upstream_call GROUP BY ALL
+)
+SELECT b.provider, b.bucket_start, coalesce(d.billed, 0) AS billed,
+       coalesce(s.logged, 0) AS logged
+FROM (SELECT * FROM report_buckets WHERE NOT usage) b
+LEFT JOIN days d USING (provider, bucket_start)
+LEFT JOIN spent s USING (provider, bucket_start)
+ORDER BY b.bucket_start, b.provider
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageAnalysis:
+    """What :func:`analyse_usage` returns; ``run`` adds the inputs."""
+
+    totals: UsageFigures
+    breakdowns: Mapping[str, tuple[UsageSlice, ...]]
+    buckets: tuple[UsageSlice, ...]
+    cost_days: tuple[CostDay, ...]
+    widths: dict[str, int]
+    not_computed: dict[str, str]
+    calls_outside: dict[str, int]
+    notes: tuple[str, ...]
+    period: tuple[Any, Any]
+
+
+def analyse_usage(engine: Engine, key_map: KeyMap | None, tolerance: float) -> UsageAnalysis:
+    """Compare the loaded ``calls`` with the loaded ``usage`` and ``costs`` tables."""
+    engine.execute(_SETUP, progress="reading the reports")
+    notes = _repeats(engine)
+    _check_grid(engine)
+    providers = _providers(engine, key_map)
+    only = [name for name, _ in providers]
+    only_provider = sql_string(only[0]) if len(only) == 1 else "NULL"
+    engine.execute(_SENT.format(only_provider=only_provider, no_cost=_NO_COST), progress="calls")
+    engine.execute(
+        "CREATE TABLE keymap (tenant VARCHAR, target VARCHAR)"
+        + (
+            "; INSERT INTO keymap VALUES "
+            + ", ".join(f"({sql_string(t)}, {sql_string(k)})" for t, k in key_map.tenants.items())
+            if key_map
+            else ""
+        )
+    )
+    engine.execute(
+        _PLACED.format(unmapped=sql_string(UNMAPPED), unknown=sql_string(UNKNOWN_MODEL)),
+        progress="bucketing calls",
+    )
+    outside = {
+        str(reason): int(count)
+        for reason, count in engine.rows(
+            "SELECT outside, count(*) FROM placed WHERE outside IS NOT NULL GROUP BY outside"
+        )
+    }
+    engine.execute(
+        _CELLS.format(
+            key_column=key_map.column if key_map else "api_key_id",
+            other_keys=sql_string(OTHER_KEYS),
+            unknown=sql_string(UNKNOWN_MODEL),
+        ),
+        progress="comparing buckets",
+    )
+    _prices(engine)
+    tol = f"{float(tolerance)!r}"
+    buckets = _bucket_slices(engine, tol, all(counts for _, counts in providers))
+    period_cells = _DERIVED.format(relation=_PERIOD_CELLS, tolerance=tol)
+    engine.execute(f"CREATE TABLE period AS {period_cells}")
+    totals, breakdowns = _period_slices(engine)
+    cost_days = _cost_days(engine, tolerance)
+    span = engine.rows("SELECT min(bucket_start), max(bucket_end) FROM report_buckets")[0]
+    widths = {
+        f"{provider}-{'usage' if usage else 'costs'}": int(width)
+        for provider, usage, width in engine.rows("SELECT provider, usage, width FROM grid")
+    }
+    return UsageAnalysis(
+        totals=totals,
+        breakdowns=breakdowns,
+        buckets=buckets,
+        cost_days=cost_days,
+        widths=widths,
+        not_computed=_not_computed(engine, providers),
+        calls_outside=outside,
+        notes=notes,
+        period=(span[0], span[1]),
+    )
+
+
+def _repeats(engine: Engine) -> tuple[str, ...]:
+    dropped = int(
+        engine.scalar(
+            "SELECT (SELECT count(*) FROM usage) - (SELECT count(*) FROM billed_rows)"
+            " + (SELECT count(*) FROM costs) - (SELECT count(*) FROM cost_rows)"
+        )
+        or 0
+    )
+    if not dropped:
+        return ()
+    return (f"{dropped} results of a bucket appear in several files: the last file's are used",)
+
+
+def _check_grid(engine: Engine) -> None:
+    rows = engine.rows(_OFF_GRID)
+    if rows:
+        provider, usage, width, seen = rows[0]
+        kind = "usage" if usage else "cost"
+        raise ConfigError(
+            f"the {provider} {kind} reports mix bucket widths ({int(width)} s and"
+            f" {int(seen)} s): reconcile one width at a time"
+        )
+
+
+def _providers(engine: Engine, key_map: KeyMap | None) -> list[tuple[str, bool]]:
+    """Create ``providers``: per provider, how its reports can be compared."""
+    rows = engine.rows(
+        "SELECT provider, count(model) > 0, count(api_key_id) > 0, count(project_id) > 0,"
+        " count(requests) = count(*) AND count(*) > 0"
+        " FROM billed_rows GROUP BY provider"
+    )
+    seen = {row[0]: row for row in rows}
+    for (provider,) in engine.rows("SELECT DISTINCT provider FROM grid WHERE usage"):
+        seen.setdefault(provider, (provider, True, False, False, provider == "openai"))
+    values = []
+    for provider, by_model, by_key, by_project, counts in seen.values():
+        keyed = key_map is not None
+        if key_map is not None and not (by_key if key_map.column == "api_key_id" else by_project):
+            column = "api_key_id" if key_map.column == "api_key_id" else "project_id/workspace_id"
+            if rows and provider in {row[0] for row in rows}:
+                raise ConfigError(
+                    f"--key-map: the {provider} usage report is not grouped by {column}"
+                    f" (fetch it with group_by={column.split('/')[0]})"
+                )
+        values.append(f"({sql_string(provider)}, {bool(by_model)}, {keyed}, {bool(counts)})")
+    engine.execute(
+        "CREATE TABLE providers (provider VARCHAR, by_model BOOLEAN, keyed BOOLEAN,"
+        " counts_requests BOOLEAN)"
+        + (f"; INSERT INTO providers VALUES {', '.join(values)}" if values else "")
+    )
+    return [(str(provider), bool(counts)) for provider, _, _, _, counts in seen.values()]
+
+
+def _prices(engine: Engine) -> None:
+    """``prices``: USD per token of each compared model, from the price table."""
+    names: dict[str, list[str]] = {}
+    for mk, name in engine.rows(
+        "SELECT DISTINCT mk, model FROM (SELECT model_key(model) AS mk, model FROM billed_rows"
+        " UNION ALL SELECT mk, model FROM placed) WHERE model IS NOT NULL AND mk <> '*'"
+    ):
+        names.setdefault(str(mk), []).append(str(name))
+    rows = []
+    for mk, candidates in sorted(names.items()):
+        price = next((p for p in map(bill_price, [mk, *sorted(candidates)]) if p is not None), None)
+        if price is None:
+            continue
+        rates = [
+            Decimal(str(v)) / _PER_TOKEN for v in (price.input, price.cached_input, price.output)
+        ]
+        rows.append(f"({sql_string(mk)}, " + ", ".join(f"{rate:f}" for rate in rates) + ")")
+    engine.execute(
+        "CREATE TABLE prices (mk VARCHAR, input DECIMAL(18,15), cached DECIMAL(18,15),"
+        " output DECIMAL(18,15))"
+        + (f"; INSERT INTO prices VALUES {', '.join(rows)}" if rows else "")
+    )
+
+
+def _bucket_slices(engine: Engine, tol: str, counted: bool) -> tuple[UsageSlice, ...]:
+    derived = _DERIVED.format(relation="SELECT * FROM cells", tolerance=tol)
+    rows = engine.dicts(
+        f"SELECT b.bucket_start AS key, d.* FROM (SELECT DISTINCT bucket_start FROM"
+        f" report_buckets WHERE usage) b LEFT JOIN (SELECT bucket, {_SUMS} FROM ({derived})"
+        " GROUP BY bucket) d ON d.bucket = b.bucket_start ORDER BY b.bucket_start"
+    )
+    return tuple(UsageSlice(_utc(row["key"]), _figures(row, counted=counted)) for row in rows)
+
+
+def _utc(moment: Any) -> str:
+    return str(moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _figures(row: dict[str, Any], *, counted: bool) -> UsageFigures:
+    if row["bucket"] is None:
+        # A bucket with nothing billed and nothing logged in it.
+        zero = 0 if counted else None
+        return UsageFigures(billed_requests=zero, unexplained_requests=zero, unbilled_calls=zero)
+    return UsageFigures.from_row(row)
+
+
+def _period_slices(
+    engine: Engine,
+) -> tuple[UsageFigures, dict[str, tuple[UsageSlice, ...]]]:
+    rows = engine.dicts(
+        f"SELECT GROUPING(provider, mk, kd) AS g, provider, mk, kd, {_SUMS} FROM period"
+        " GROUP BY GROUPING SETS ((), (provider), (mk), (kd))"
+    )
+    totals = UsageFigures()
+    found: dict[str, list[UsageSlice]] = {"provider": [], "model": [], "key": []}
+    for row in rows:
+        figures = UsageFigures.from_row(row)
+        grouping = int(row["g"])
+        if grouping == 0b111:
+            totals = figures
+        elif grouping == 0b011:
+            found["provider"].append(UsageSlice(str(row["provider"]), figures))
+        elif grouping == 0b101 and row["mk"] != _ALL:
+            found["model"].append(UsageSlice(str(row["mk"]), figures))
+        elif grouping == 0b110 and row["kd"] != _ALL:
+            found["key"].append(UsageSlice(str(row["kd"]), figures))
+    ordered = {
+        name: tuple(
+            sorted(
+                slices,
+                key=lambda s: (
+                    -(s.figures.billed_cost_usd or 0),
+                    -s.figures.billed_input_tokens,
+                    s.key,
+                ),
+            )
+        )
+        for name, slices in found.items()
+    }
+    return totals, ordered
+
+
+def _cost_days(engine: Engine, tolerance: float) -> tuple[CostDay, ...]:
+    days = []
+    for provider, start, billed, logged in engine.rows(_COST_DAYS):
+        billed, logged = Decimal(billed), Decimal(logged)
+        flagged = abs(billed - logged) > Decimal(repr(tolerance)) * billed
+        unexplained = max(Decimal(0), billed - logged) if flagged else Decimal(0)
+        days.append(CostDay(str(provider), start, billed, logged, unexplained, flagged))
+    return tuple(days)
+
+
+def _not_computed(engine: Engine, providers: list[tuple[str, bool]]) -> dict[str, str]:
+    missing: dict[str, str] = {}
+    silent = [name for name, counts in providers if not counts]
+    if silent:
+        why = f"the {', '.join(silent)} usage report gives no request count"
+        for name in (
+            "billed_requests",
+            "unexplained_requests",
+            "unbilled_calls",
+            "duplicate_ratio",
+        ):
+            missing[name] = why
+        missing["duplicate_ratio"] += "; duplicate_cost_ratio compares money instead"
+    unpriced = [
+        str(mk)
+        for (mk,) in engine.rows(
+            "SELECT DISTINCT mk FROM period WHERE mk <> '*' AND mk NOT IN (SELECT mk FROM prices)"
+        )
+    ]
+    if unpriced:
+        why = f"no price for {', '.join(sorted(unpriced))} in the price table"
+        missing["billed_cost_usd"] = why
+        missing["unexplained_cost_usd"] = why
+    if not engine.scalar("SELECT count(*) FROM grid WHERE usage"):
+        missing["requests and tokens"] = "no usage report was given, only cost reports"
+    return missing
