@@ -11,6 +11,7 @@ and 3 unexplained requests (2 on A's key, 1 on the other), at their real cost.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -191,3 +192,43 @@ def test_usage_report_from_the_simulator(traffic: dict[str, Any], tmp_path: Path
     assert "Billed against logged" in html and "<polyline" in html
     for secret in (KEY_A, KEY_B, KEY_C):
         assert secret not in output and secret not in json.dumps(document) and secret not in html
+
+
+def test_fetch_openai_from_the_simulator(traffic: dict[str, Any], tmp_path: Path) -> None:
+    """``--fetch openai`` pulls the same reports itself, and the admin key stays secret."""
+    sim: Sim = traffic["sim"]
+    admin_key = ADMIN["Authorization"].removeprefix("Bearer ")
+    key_map = tmp_path / "keys.json"
+    key_a = credential_ids(KEY_A, anthropic=False)[0]
+    key_b = credential_ids(KEY_B, anthropic=False)[0]
+    key_map.write_text(json.dumps({tenant_id(KEY_A): key_a, tenant_id(KEY_B): key_b}))
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(traffic["start"]))
+    out = tmp_path / "out.json"
+    saved = tmp_path / "saved"
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("_ADMIN_KEY")}
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "payonce", "reconcile", "--calls", str(traffic["log"]),
+            "--fetch", "openai", "--since", since, "--fetch-url", sim.url,
+            "--bucket-width", "1m", "--save", str(saved), "--key-map", str(key_map),
+            "--json", str(out), "--max-duplicate-ratio", "0.5",
+        ],
+        env={**environment, "OPENAI_ADMIN_KEY": admin_key},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out.read_text())
+    assert (document["billed_requests"], document["logged_upstream_calls"]) == (14, 11)
+    assert (document["duplicate_requests"], document["unexplained_requests"]) == (3, 3)
+    assert document["by_key"][key_a]["unexplained_requests"] == 2
+    assert document["unexplained_cost_basis"] == "cost report"
+    ledger = {entry["provider_request_id"]: entry for entry in sim.ledger()["entries"]}
+    bypass_cost = sum(Decimal(str(ledger[call["id"]]["cost_usd"])) for call in traffic["bypass"])
+    assert document["unexplained_cost_usd"] == pytest.approx(float(bypass_cost), abs=1e-9)
+    everything = result.stdout + result.stderr + out.read_text()
+    everything += "".join(path.read_text() for path in saved.iterdir())
+    assert admin_key not in everything
+    for secret in (KEY_A, KEY_B, KEY_C):
+        assert secret not in everything

@@ -75,12 +75,42 @@ def _fraction(value: str) -> float:
     "--bill",
     "bills",
     multiple=True,
-    required=True,
     type=click.Path(path_type=Path),
     metavar="FILE...",
     help="Bills: the simulator's ledger CSV, LiteLLM spend logs, Bedrock invocation logs,"
     " OpenRouter generations, Azure APIM LLM logs, the generic schema; or OpenAI/Anthropic"
     " usage and cost reports (compared bucket by bucket).",
+)
+# --fetch: the admin usage and cost reports, pulled with OPENAI_ADMIN_KEY /
+# ANTHROPIC_ADMIN_KEY (never a flag) and added to the bills (reconcile/fetch.py).
+@click.option(
+    "--fetch",
+    type=click.Choice(["openai", "anthropic"]),
+    help="Fetch the provider's usage and cost reports with the admin key in"
+    " OPENAI_ADMIN_KEY / ANTHROPIC_ADMIN_KEY, and add them to the bills.",
+)
+@click.option(
+    "--since", metavar="DATE", help="With --fetch (required): from this ISO date or time, UTC."
+)
+@click.option(
+    "--until", metavar="DATE", help="With --fetch: up to this ISO date or time (default: now)."
+)
+@click.option(
+    "--fetch-url",
+    metavar="URL",
+    help="With --fetch: the API's base URL (default https://api.openai.com or"
+    " https://api.anthropic.com); a payonce sim URL to rehearse.",
+)
+@click.option(
+    "--bucket-width",
+    type=click.Choice(["1m", "1h", "1d"]),
+    help="With --fetch: the usage report's buckets (default 1h; the costs are daily).",
+)
+@click.option(
+    "--save",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="With --fetch: keep the fetched pages in DIR (default: a temporary directory, removed).",
 )
 @click.option(
     "--calls-format",
@@ -190,6 +220,7 @@ def reconcile_command(**options: Any) -> None:
     \b
     payonce reconcile --calls calls.jsonl* --bill ledger.csv --json out.json --html out.html
     payonce reconcile --calls log.jsonl.gz --bill spend_logs.csv --max-duplicate-ratio 0.02
+    payonce reconcile --calls calls.jsonl --fetch openai --since 2026-11-01   # OPENAI_ADMIN_KEY
     """
     try:
         from payonce.reconcile.main import run_command

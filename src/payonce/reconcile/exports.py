@@ -116,7 +116,11 @@ def detect_export(path: Path, forced: str | None = None) -> ExportKind | None:
         kind_name = "openai-usage or openai-costs"
     else:
         return None
-    # Pages whose buckets are all empty look the same for usage and costs.
+    # Pages whose buckets are all empty look the same for usage and costs; the name
+    # --fetch --save gives its files (openai-usage.jsonl) tells them apart.
+    named = next((kind for kind in ExportKind if path.name.startswith(kind.value + ".")), None)
+    if named is not None and named.value in kind_name:
+        return named
     raise ConfigError(
         f"{path}: its buckets hold no results, so it could be {kind_name};"
         " name it with --bill-format"

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
 
 from payonce.errors import ConfigError
@@ -20,6 +21,12 @@ from payonce.reconcile.alerts import (
 from payonce.reconcile.analysis import AnalysisSettings
 from payonce.reconcile.cli import now, parse_threshold, write_json
 from payonce.reconcile.engine import EngineSettings
+from payonce.reconcile.fetch import (
+    DEFAULT_BASE_URLS,
+    admin_key_from_env,
+    fetch_reports,
+    parse_moment,
+)
 from payonce.reconcile.html import render_html
 from payonce.reconcile.keymap import read_key_map
 from payonce.reconcile.run import ReconcileOptions, reconcile
@@ -70,6 +77,54 @@ def _tolerance(value: str) -> float:
     return tolerance
 
 
+_FETCH_ONLY_FLAGS = (
+    ("--since", "since"),
+    ("--until", "until"),
+    ("--fetch-url", "fetch_url"),
+    ("--bucket-width", "bucket_width"),
+    ("--save", "save"),
+)
+
+
+def _pages(path: Path) -> str:
+    count = path.read_bytes().count(b"\n")
+    return f"{count} page" if count == 1 else f"{count} pages"
+
+
+def _fetched_bills(flags: dict[str, Any], scratch: Path) -> list[Path]:
+    """``--fetch``: the provider's reports, in ``--save DIR`` or ``scratch``; [] without it."""
+    provider = flags["fetch"]
+    if provider is None:
+        for flag, name in _FETCH_ONLY_FLAGS:
+            if flags[name] is not None:
+                raise ConfigError(f"{flag} needs --fetch openai|anthropic")
+        if not flags["bills"]:
+            raise ConfigError("--bill: at least one bill is needed (or --fetch openai|anthropic)")
+        return []
+    if flags["since"] is None:
+        raise ConfigError("--since is required with --fetch (an ISO date or time, UTC)")
+    if flags["bill_format"] != "auto":
+        # It would apply to the fetched reports too, whose kind is known.
+        raise ConfigError("--bill-format: not with --fetch (fetched reports are recognised)")
+    since = parse_moment("--since", flags["since"])
+    until = parse_moment("--until", flags["until"]) if flags["until"] else now()
+    directory = flags["save"] or scratch
+    paths = fetch_reports(
+        provider,
+        since,
+        until,
+        base_url=flags["fetch_url"] or DEFAULT_BASE_URLS[provider],
+        admin_key=admin_key_from_env(provider),
+        directory=directory,
+        bucket_width=flags["bucket_width"] or "1h",
+    )
+    if not flags["quiet"]:
+        counts = ", ".join(f"{path.name} ({_pages(path)})" for path in paths)
+        where = f" into {directory}" if flags["save"] else ""
+        click.echo(f"payonce: fetched {counts}{where}", err=True)
+    return paths
+
+
 def run_command(flags: dict[str, Any]) -> int:
     """Run one reconciliation; the exit code (0, or 3 when a threshold is exceeded)."""
     thresholds = Thresholds(
@@ -90,6 +145,7 @@ def run_command(flags: dict[str, Any]) -> int:
     progress = BarProgress(stderr) if show_progress else None
 
     with tempfile.TemporaryDirectory(prefix="payonce-reconcile-", dir=flags["temp_dir"]) as temp:
+        bills += _fetched_bills(flags, Path(temp) / "fetched")
         report = reconcile(calls, bills, _options(flags, Path(temp)), progress)
     alerts = evaluate(report, thresholds)
     document = report.as_json(alerts)
