@@ -20,7 +20,7 @@ drift of binary floats, so a report says 0.3, not 0.30000000000000004.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -150,15 +150,26 @@ def create_tables(engine: Engine) -> None:
     engine.execute(_TABLES)
 
 
-def load_source(engine: Engine, source: Source) -> LoadedSource:
-    """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``."""
+def load_source(
+    engine: Engine, source: Source, into: Callable[[str], str] | None = None
+) -> LoadedSource:
+    """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``.
+
+    ``into`` puts the file's normalized rows somewhere else: given their SELECT, it
+    returns the SELECT of what to append to its table instead (the usage
+    reconciliation buckets calls while reading them, into ``placed``); what it
+    appends must keep ``src``, ``pos`` and ``reason``.
+    """
     table = "calls" if source.side is Side.CALLS else "bill"
+    if into is not None:
+        table = "placed"
+    wrap = into or (lambda select: select)
     note = ""
     if source.sniffed.container is Container.CSV:
         rejects = f"rejects_{source.index}"
         try:
             engine.execute(
-                f"INSERT INTO {table} BY NAME {_csv_select(source, rejects, strict=True)}",
+                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=True))}",
                 source=source.label,
             )
         except ConfigError as exc:
@@ -169,7 +180,7 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
             engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors")
             engine.execute(f"DROP TABLE IF EXISTS {rejects}_scans")
             engine.execute(
-                f"INSERT INTO {table} BY NAME {_csv_select(source, rejects, strict=False)}",
+                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=False))}",
                 source=source.label,
             )
             note = (
@@ -194,7 +205,7 @@ def load_source(engine: Engine, source: Source) -> LoadedSource:
     else:
         with engine.ordered():
             engine.execute(
-                f"INSERT INTO {table} BY NAME {_json_select(source)}", source=source.label
+                f"INSERT INTO {table} BY NAME {wrap(_json_select(source))}", source=source.label
             )
         note = _join_parts(engine, source, note)
         if source.priced:
@@ -463,7 +474,7 @@ def _normalize(
         f"{success} AS success",
         f"{retry} AS unkeyed_retry",
     ]
-    columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS if name in values]
+    columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS]
     return f"SELECT {', '.join(columns)} FROM ({relation})"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from payonce.errors import ConfigError
@@ -18,12 +18,14 @@ from payonce.reconcile.exports import (
 from payonce.reconcile.keymap import KeyMap
 from payonce.reconcile.loading import LoadedSource, create_tables, load_source, resolve_columns
 from payonce.reconcile.report import InputSummary, MalformedRow, Report
-from payonce.reconcile.schema import REQUEST_JOIN_CALL_FIELDS, Side
+from payonce.reconcile.schema import CALL_FIELDS, REQUEST_JOIN_CALL_FIELDS, Side
 from payonce.reconcile.sniff import detect_format, read_head, sniff
-from payonce.reconcile.usage_analysis import analyse_usage
+from payonce.reconcile.usage_analysis import analyse_usage, prepare_usage
 from payonce.reconcile.usage_report import UsageReport
 
 __all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
+
+USAGE_CALL_FIELDS = frozenset(CALL_FIELDS) - {"provider_request_id"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +144,30 @@ def reconcile_usage(
     for index, path in enumerate(calls):
         sniffed = sniff(path)
         fmt = detect_format(sniffed, Side.CALLS, options.calls_format)
-        sources.append(resolve_columns(index, sniffed, Side.CALLS, fmt.with_map(options.calls_map)))
+        # The buckets do not need the provider's request ids.
+        fmt = replace(fmt, required=fmt.required - {"provider_request_id"})
+        sources.append(
+            resolve_columns(
+                index, sniffed, Side.CALLS, fmt.with_map(options.calls_map), USAGE_CALL_FIELDS
+            )
+        )
     engine = Engine(options.engine, progress)
     try:
         create_tables(engine)
         create_export_tables(engine)
-        loaded = [load_source(engine, source) for source in sources]
-        summaries = [
+        summaries = []
+        for export in exports:
+            rows, bad, note = load_export(engine, export)
+            summaries.append(
+                InputSummary(export.label, "bill", export.kind.value, "json", rows, bad, note)
+            )
+        if not any(export.kind.is_usage for export in exports) and options.key_map:
+            raise ConfigError("--key-map: needs a usage report (cost reports are not by key)")
+        # The calls are bucketed as they are read: 100 million of them are never
+        # held twice.
+        prepared = prepare_usage(engine, options.key_map)
+        loaded = [load_source(engine, source, into=prepared.place) for source in sources]
+        summaries[:0] = [
             InputSummary(
                 file=item.source.label,
                 side="calls",
@@ -160,14 +179,7 @@ def reconcile_usage(
             )
             for item in loaded
         ]
-        for export in exports:
-            rows, bad, note = load_export(engine, export)
-            summaries.append(
-                InputSummary(export.label, "bill", export.kind.value, "json", rows, bad, note)
-            )
-        if not any(export.kind.is_usage for export in exports) and options.key_map:
-            raise ConfigError("--key-map: needs a usage report (cost reports are not by key)")
-        result = analyse_usage(engine, options.key_map, options.token_tolerance)
+        result = analyse_usage(engine, prepared, options.token_tolerance)
         files = {source.index: source.label for source in sources}
         files.update({export.index: export.label for export in exports})
         malformed_rows = int(engine.scalar("SELECT count(*) FROM malformed") or 0)

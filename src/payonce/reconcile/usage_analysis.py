@@ -3,9 +3,11 @@
 ::
 
     usage ──(later file wins on repeats)──► billed cells (provider, bucket, model, key)
-    calls ──► sent (provider by path, upstream call or not, duplicate or not)
-          ──(the report's grid: origin + k x width)──► logged cells, business cells
-    billed ⟗ logged ⟗ business ──► cells ──► per bucket
+    calls ──(the report's grid: origin + k x width)──► placed (provider by path,
+          upstream call or not, bucket, model and key cells)
+    placed ──(business ids on several lines)──► flags (first line, duplicate)
+    placed + flags ──► logged cells (calls, duplicates, tokens, money, business requests)
+    billed ⟗ logged ──► cells ──► per bucket
                                       └──► per (provider, model, key) over the period
                                            ──► by model, by key, by provider, in all
     costs ──► cost days ◄── the log's cost of the calls in each day
@@ -30,7 +32,7 @@ from payonce.reconcile.keymap import KeyMap
 from payonce.reconcile.loading import bill_price
 from payonce.reconcile.usage_report import CostDay, UsageFigures, UsageSlice
 
-__all__ = ["UsageAnalysis", "analyse_usage"]
+__all__ = ["Prepared", "UsageAnalysis", "analyse_usage", "prepare_usage"]
 
 OTHER_KEYS = "(keys not in --key-map)"
 UNMAPPED = "(tenants not in --key-map)"
@@ -75,16 +77,21 @@ WHERE (epoch(b.bucket_start)::BIGINT - g.origin) % g.width <> 0
 LIMIT 1
 """
 
-_SENT = """
-CREATE TABLE sent AS
-SELECT c.rowid AS rid, c.business_id, c.tag AS tenant, c.model, c.ts, c.success,
-       c.cost_usd AS cost, c.input_tokens, c.output_tokens,
-       CASE WHEN suffix(c.endpoint, '/v1/messages') THEN 'anthropic'
-            WHEN suffix(c.endpoint, '/v1/chat/completions') OR suffix(c.endpoint, '/v1/completions')
-              OR suffix(c.endpoint, '/v1/responses') THEN 'openai'
-            WHEN c.endpoint IS NULL THEN {only_provider} END AS provider,
-       CASE WHEN suffix(c.endpoint, '/v1/messages') THEN 'anthropic'
-            WHEN c.endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider,
+# Each call as it is read: which provider, whether it was an upstream call, its
+# bucket (the report's grid: origin + k x width) and its key cell. The model is
+# kept as written and mapped to its cell only once the calls are counted (a
+# regular expression on every call was a third of the time).
+_PLACED_COLUMNS = """
+src INTEGER, pos BIGINT, reason VARCHAR, hb UBIGINT, business_id VARCHAR,
+ts TIMESTAMPTZ, success BOOLEAN, cost DECIMAL(18,10), input_tokens BIGINT,
+output_tokens BIGINT, model VARCHAR, provider VARCHAR, cost_provider VARCHAR,
+upstream_call BOOLEAN, bucket TIMESTAMPTZ, kd VARCHAR, outside VARCHAR
+"""
+
+_PLACED = """
+SELECT c.src, c.pos, c.reason, hash(c.business_id) AS hb, c.business_id, c.ts, c.success,
+       c.cost_usd AS cost, c.input_tokens, c.output_tokens, c.model, c.provider,
+       c.cost_provider,
        -- Sent: it made an upstream attempt (v2), or was forwarded (v1), or the log
        -- does not say (a generic log: every line is a call). Counted: answered 2xx,
        -- or cancelled after it was sent (the provider may have billed it).
@@ -93,75 +100,97 @@ SELECT c.rowid AS rid, c.business_id, c.tag AS tenant, c.model, c.ts, c.success,
                      AND c.outcome IS NULL THEN c.success
                 ELSE coalesce(c.upstream_status BETWEEN 200 AND 299, false)
                      OR coalesce(c.upstream_cancelled, false) END AS upstream_call,
-       false AS duplicate
-FROM calls c;
-
--- Every upstream call of a business request but the cheapest (then the earliest)
--- is a duplicate; so is every retry sent without a key (no business id).
-CREATE TEMP TABLE repeated AS
-SELECT hash(business_id) AS hb FROM sent WHERE upstream_call AND business_id IS NOT NULL
-GROUP BY hb HAVING count(*) > 1;
-CREATE TEMP TABLE needed AS
-SELECT business_id, arg_min(rid, (coalesce(cost, {no_cost}), ts, rid)) AS rid
-FROM sent WHERE upstream_call AND hash(business_id) IN (SELECT hb FROM repeated)
-GROUP BY business_id HAVING count(*) > 1;
-UPDATE sent SET duplicate = true
-WHERE upstream_call AND (business_id IS NULL OR (
-    hash(business_id) IN (SELECT hb FROM repeated)
-    AND business_id IN (SELECT business_id FROM needed)
-    AND rid NOT IN (SELECT rid FROM needed)));
+       b.bucket_start AS bucket,
+       CASE WHEN p.keyed THEN coalesce(k.target, {unmapped}) ELSE '*' END AS kd,
+       CASE WHEN c.provider IS NULL THEN 'endpoints the usage reports do not cover'
+            WHEN g.origin IS NULL THEN 'no usage report for their provider'
+            WHEN c.ts IS NULL THEN 'no timestamp'
+            WHEN b.bucket_start IS NULL THEN 'outside the usage reports'' buckets' END AS outside
+FROM (
+    SELECT *,
+           CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
+                WHEN suffix(endpoint, '/v1/chat/completions')
+                  OR suffix(endpoint, '/v1/completions')
+                  OR suffix(endpoint, '/v1/responses') THEN 'openai'
+                WHEN endpoint IS NULL THEN {only_provider} END AS provider,
+           CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
+                WHEN endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider
+    FROM ({relation})
+) c
+LEFT JOIN grid g ON g.provider = c.provider AND g.usage
+LEFT JOIN report_buckets b ON b.usage AND b.provider = c.provider
+    AND b.bucket_start = to_timestamp(g.origin
+        + floor((epoch(c.ts) - g.origin) / g.width)::BIGINT * g.width)
+    AND c.ts < b.bucket_end
+LEFT JOIN providers p ON p.provider = c.provider
+LEFT JOIN keymap k ON k.tenant = c.tag
 """
 
-_PLACED = """
-CREATE TABLE placed AS
-SELECT s.*, b.bucket_start AS bucket,
-       CASE WHEN p.by_model THEN coalesce(model_key(s.model), {unknown}) ELSE '*' END AS mk,
-       CASE WHEN p.keyed THEN coalesce(k.target, {unmapped}) ELSE '*' END AS kd,
-       CASE WHEN s.provider IS NULL THEN 'endpoints the usage reports do not cover'
-            WHEN g.origin IS NULL THEN 'no usage report for their provider'
-            WHEN s.ts IS NULL THEN 'no timestamp'
-            WHEN b.bucket_start IS NULL THEN 'outside the usage reports'' buckets' END AS outside
-FROM sent s
-LEFT JOIN grid g ON g.provider = s.provider AND g.usage
-LEFT JOIN report_buckets b ON b.usage AND b.provider = s.provider
-    AND b.bucket_start = to_timestamp(g.origin
-        + floor((epoch(s.ts) - g.origin) / g.width)::BIGINT * g.width)
-    AND s.ts < b.bucket_end
-LEFT JOIN providers p ON p.provider = s.provider
-LEFT JOIN keymap k ON k.tenant = s.tenant;
+# Business requests with several lines, found by a 64-bit hash first (integers
+# group several times faster than strings; a collision only adds a candidate,
+# since ``per_business`` groups the exact ids). For each: its first line (where
+# it is counted), whether it succeeded, and the upstream call it needed (the
+# cheapest, then the earliest); its other upstream calls are duplicates.
+_FLAGS = """
+CREATE TEMP TABLE repeated AS
+SELECT hb FROM placed WHERE business_id IS NOT NULL GROUP BY hb HAVING count(*) > 1;
+CREATE TEMP TABLE multi AS
+SELECT rowid AS rid, business_id, ts, cost, upstream_call, success FROM placed
+WHERE business_id IS NOT NULL AND hb IN (SELECT hb FROM repeated);
+CREATE TEMP TABLE per_business AS
+SELECT business_id, arg_min(rid, (ts, rid)) AS first_rid, bool_or(success) AS ok,
+       arg_min(rid, (coalesce(cost, {no_cost}), ts, rid)) FILTER (upstream_call) AS kept_rid
+FROM multi GROUP BY business_id;
+CREATE TEMP TABLE flags AS
+SELECT m.rid, m.rid <> b.first_rid AS later, b.ok,
+       coalesce(m.upstream_call AND m.rid <> b.kept_rid, false) AS dup
+FROM multi m JOIN per_business b USING (business_id);
 """
 
 _CELLS = """
-CREATE TABLE logged AS
-SELECT provider, bucket, mk, kd,
-       count(*) AS logged_upstream_calls,
-       count(*) FILTER (duplicate) AS duplicate_requests,
-       coalesce(sum(input_tokens), 0) AS logged_input_tokens,
-       coalesce(sum(output_tokens), 0) AS logged_output_tokens,
-       count(*) FILTER (input_tokens IS NULL AND output_tokens IS NULL) AS unknown_usage_calls,
-       coalesce(sum(cost), 0) AS logged_cost_usd,
-       coalesce(sum(cost) FILTER (duplicate), 0) AS wasted_cost_usd,
-       count(*) FILTER (cost IS NULL) AS unpriced_calls
-FROM placed WHERE upstream_call AND outside IS NULL GROUP BY ALL;
+CREATE TABLE logged_models AS
+SELECT provider, bucket, model, kd,
+       count(*) FILTER (upstream_call) AS logged_upstream_calls,
+       -- Every retry sent without a key (no business id) duplicates an unnamed call.
+       count(*) FILTER (upstream_call AND (business_id IS NULL OR coalesce(f.dup, false)))
+           AS duplicate_requests,
+       coalesce(sum(input_tokens) FILTER (upstream_call), 0) AS logged_input_tokens,
+       coalesce(sum(output_tokens) FILTER (upstream_call), 0) AS logged_output_tokens,
+       count(*) FILTER (upstream_call AND input_tokens IS NULL AND output_tokens IS NULL)
+           AS unknown_usage_calls,
+       coalesce(sum(cost) FILTER (upstream_call), 0) AS logged_cost_usd,
+       coalesce(sum(cost) FILTER (upstream_call AND (business_id IS NULL
+           OR coalesce(f.dup, false))), 0) AS wasted_cost_usd,
+       count(*) FILTER (upstream_call AND cost IS NULL) AS unpriced_calls,
+       -- A business request is counted in the bucket of its first line.
+       count(*) FILTER (business_id IS NOT NULL AND NOT coalesce(f.later, false))
+           AS business_requests,
+       count(*) FILTER (business_id IS NOT NULL AND NOT coalesce(f.later, false)
+           AND coalesce(f.ok, success)) AS successful_business_requests
+FROM (SELECT rowid AS rid, * FROM placed) LEFT JOIN flags f USING (rid)
+WHERE outside IS NULL GROUP BY ALL;
 
-CREATE TABLE business AS
-SELECT provider, bucket, mk, kd, count(*) AS business_requests,
-       count(*) FILTER (ok) AS successful_business_requests
-FROM (SELECT business_id, arg_min(provider, ts) AS provider, arg_min(bucket, ts) AS bucket,
-             arg_min(mk, ts) AS mk, arg_min(kd, ts) AS kd, bool_or(success) AS ok
-      FROM placed WHERE outside IS NULL AND business_id IS NOT NULL GROUP BY business_id)
-GROUP BY ALL;
+CREATE TABLE model_keys AS
+SELECT model, coalesce(model_key(model), {unknown}) AS mk
+FROM (SELECT DISTINCT model FROM logged_models UNION SELECT DISTINCT model FROM billed_rows);
+
+CREATE TABLE logged AS
+SELECT provider, bucket, CASE WHEN p.by_model THEN m.mk ELSE '*' END AS mk, kd,
+       {logged_sums}
+FROM logged_models l JOIN model_keys m ON m.model IS NOT DISTINCT FROM l.model
+JOIN providers p USING (provider) GROUP BY ALL;
 
 CREATE TABLE billed AS
 SELECT u.provider, u.bucket_start AS bucket,
-       CASE WHEN p.by_model THEN coalesce(model_key(u.model), {unknown}) ELSE '*' END AS mk,
+       CASE WHEN p.by_model THEN m.mk ELSE '*' END AS mk,
        CASE WHEN p.keyed THEN CASE WHEN u.{key_column} IN (SELECT target FROM keymap)
             THEN u.{key_column} ELSE {other_keys} END ELSE '*' END AS kd,
        sum(u.requests) AS billed_requests,
        sum(u.input_tokens) AS billed_input_tokens,
        sum(u.cached_input_tokens) AS billed_cached_input_tokens,
        sum(u.output_tokens) AS billed_output_tokens
-FROM billed_rows u JOIN providers p USING (provider) GROUP BY ALL;
+FROM billed_rows u JOIN providers p USING (provider)
+JOIN model_keys m ON m.model IS NOT DISTINCT FROM u.model GROUP BY ALL;
 
 CREATE TABLE cells AS
 SELECT provider, bucket, mk, kd,
@@ -177,13 +206,25 @@ SELECT provider, bucket, mk, kd,
        coalesce(l.logged_cost_usd, 0) AS logged_cost_usd,
        coalesce(l.wasted_cost_usd, 0) AS wasted_cost_usd,
        coalesce(l.unpriced_calls, 0) AS unpriced_calls,
-       coalesce(z.business_requests, 0) AS business_requests,
-       coalesce(z.successful_business_requests, 0) AS successful_business_requests
+       coalesce(l.business_requests, 0) AS business_requests,
+       coalesce(l.successful_business_requests, 0) AS successful_business_requests
 FROM billed b
 FULL JOIN logged l USING (provider, bucket, mk, kd)
-FULL JOIN business z USING (provider, bucket, mk, kd)
 JOIN providers p USING (provider);
 """
+
+_LOGGED = (
+    "logged_upstream_calls",
+    "duplicate_requests",
+    "logged_input_tokens",
+    "logged_output_tokens",
+    "unknown_usage_calls",
+    "logged_cost_usd",
+    "wasted_cost_usd",
+    "unpriced_calls",
+    "business_requests",
+    "successful_business_requests",
+)
 
 _RAW = (
     "billed_requests",
@@ -209,9 +250,14 @@ SELECT r.*,
             THEN greatest(0, billed_requests - logged_upstream_calls) END AS unexplained_requests,
        CASE WHEN billed_requests IS NOT NULL
             THEN greatest(0, logged_upstream_calls - billed_requests) END AS unbilled_calls,
-       abs(billed_input_tokens - logged_input_tokens) > {tolerance} * billed_input_tokens AS in_off,
-       abs(billed_output_tokens - logged_output_tokens) > {tolerance} * billed_output_tokens
-           AS out_off,
+       -- Token counts of the provider and the gateway may disagree a little: within the
+       -- tolerance that is accounting, not usage, unless the provider billed more
+       -- requests than were sent (then the difference is those requests' tokens).
+       coalesce(billed_requests > logged_upstream_calls, false) AS more_billed,
+       more_billed OR abs(billed_input_tokens - logged_input_tokens)
+           > {tolerance} * billed_input_tokens AS in_off,
+       more_billed OR abs(billed_output_tokens - logged_output_tokens)
+           > {tolerance} * billed_output_tokens AS out_off,
        CASE WHEN in_off THEN greatest(0, billed_input_tokens - logged_input_tokens) ELSE 0 END
            AS unexplained_input_tokens,
        CASE WHEN out_off THEN greatest(0, billed_output_tokens - logged_output_tokens) ELSE 0 END
@@ -263,7 +309,7 @@ WITH days AS (
     FROM cost_rows GROUP BY ALL
 ), spent AS (
     SELECT s.cost_provider AS provider, b.bucket_start, sum(s.cost) AS logged
-    FROM sent s
+    FROM placed s
     JOIN grid g ON g.provider = s.cost_provider AND NOT g.usage
     JOIN report_buckets b ON NOT b.usage AND b.provider = s.cost_provider
         AND b.bucket_start = to_timestamp(g.origin
@@ -295,15 +341,29 @@ class UsageAnalysis:
     period: tuple[Any, Any]
 
 
-def analyse_usage(engine: Engine, key_map: KeyMap | None, tolerance: float) -> UsageAnalysis:
-    """Compare the loaded ``calls`` with the loaded ``usage`` and ``costs`` tables."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The reports read and checked, and ``placed`` ready to take the calls."""
+
+    key_map: KeyMap | None
+    providers: list[tuple[str, bool]]
+    notes: tuple[str, ...]
+    only_provider: str
+
+    def place(self, relation: str) -> str:
+        """The SELECT appending one call log's normalized rows to ``placed``."""
+        return _PLACED.format(
+            relation=relation, unmapped=sql_string(UNMAPPED), only_provider=self.only_provider
+        )
+
+
+def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
+    """Read the loaded reports' shape (grid, providers) before the calls are read."""
     engine.execute(_SETUP, progress="reading the reports")
     notes = _repeats(engine)
     _check_grid(engine)
     providers = _providers(engine, key_map)
     only = [name for name, _ in providers]
-    only_provider = sql_string(only[0]) if len(only) == 1 else "NULL"
-    engine.execute(_SENT.format(only_provider=only_provider, no_cost=_NO_COST), progress="calls")
     engine.execute(
         "CREATE TABLE keymap (tenant VARCHAR, target VARCHAR)"
         + (
@@ -313,10 +373,19 @@ def analyse_usage(engine: Engine, key_map: KeyMap | None, tolerance: float) -> U
             else ""
         )
     )
-    engine.execute(
-        _PLACED.format(unmapped=sql_string(UNMAPPED), unknown=sql_string(UNKNOWN_MODEL)),
-        progress="bucketing calls",
+    engine.execute(f"CREATE TABLE placed ({_PLACED_COLUMNS})")
+    return Prepared(
+        key_map=key_map,
+        providers=providers,
+        notes=notes,
+        only_provider=sql_string(only[0]) if len(only) == 1 else "NULL",
     )
+
+
+def analyse_usage(engine: Engine, prepared: Prepared, tolerance: float) -> UsageAnalysis:
+    """Compare the calls in ``placed`` with the loaded ``usage`` and ``costs`` tables."""
+    key_map, providers = prepared.key_map, prepared.providers
+    engine.execute(_FLAGS.format(no_cost=_NO_COST), progress="finding duplicates")
     outside = {
         str(reason): int(count)
         for reason, count in engine.rows(
@@ -328,6 +397,7 @@ def analyse_usage(engine: Engine, key_map: KeyMap | None, tolerance: float) -> U
             key_column=key_map.column if key_map else "api_key_id",
             other_keys=sql_string(OTHER_KEYS),
             unknown=sql_string(UNKNOWN_MODEL),
+            logged_sums=", ".join(f"sum({name}) AS {name}" for name in _LOGGED),
         ),
         progress="comparing buckets",
     )
@@ -351,7 +421,7 @@ def analyse_usage(engine: Engine, key_map: KeyMap | None, tolerance: float) -> U
         widths=widths,
         not_computed=_not_computed(engine, providers),
         calls_outside=outside,
-        notes=notes,
+        notes=prepared.notes,
         period=(span[0], span[1]),
     )
 
@@ -414,7 +484,7 @@ def _prices(engine: Engine) -> None:
     names: dict[str, list[str]] = {}
     for mk, name in engine.rows(
         "SELECT DISTINCT mk, model FROM (SELECT model_key(model) AS mk, model FROM billed_rows"
-        " UNION ALL SELECT mk, model FROM placed) WHERE model IS NOT NULL AND mk <> '*'"
+        " UNION ALL SELECT mk, model FROM model_keys) WHERE model IS NOT NULL"
     ):
         names.setdefault(str(mk), []).append(str(name))
     rows = []

@@ -16,9 +16,12 @@ Definitions (also in docs/reconcile.md, "Usage and cost reports"):
   that the log never sent (another application on the same key, a retrying proxy
   behind the gateway, calls that bypassed it). **unbilled_calls** is the other
   way round (cancelled before the provider counted them, or the edge of a bucket).
-- **unexplained input/output tokens** = max(0, billed - logged), counted only when
-  the difference is more than ``token_tolerance`` of the billed tokens (then the
-  slice is *flagged*); providers and gateways disagree by a few tokens.
+- **unexplained input/output tokens** = max(0, billed - logged). Providers and
+  gateways disagree by a few tokens, so where the request counts agree (or there
+  are none: Anthropic) they count only past ``token_tolerance`` of the billed
+  tokens; where the provider billed more requests than were sent, all of the
+  difference is those requests' tokens. A slice whose requests or tokens differ
+  so is *flagged*.
 - Differences are taken per model and key (and per bucket for the bucket rows)
   and then added: calls of one key never explain usage of another. The period's
   figures are taken over the whole period, so a call logged a moment after the
