@@ -78,6 +78,26 @@ def test_anthropic_usage_from_message_start_and_delta() -> None:
     assert usage.usage == {"input_tokens": 12, "output_tokens": 30}
 
 
+def _responses_event(kind: str, response: dict[str, object]) -> bytes:
+    data = orjson.dumps({"type": kind, "sequence_number": 0, "response": response})
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+@pytest.mark.parametrize("final", ["response.completed", "response.incomplete"])
+def test_responses_api_model_and_usage_from_the_lifecycle_events(final: str) -> None:
+    usage = StreamUsage()
+    created = _responses_event("response.created", {"model": "gpt-4o-mini", "usage": None})
+    delta = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta"}\n\n'
+    tokens = {"input_tokens": 8, "output_tokens": 20, "output_tokens_details": {}}
+    last = _responses_event(final, {"model": "gpt-4o-mini", "usage": tokens})
+    assert usage.inspect(created) is False
+    assert usage.model == "gpt-4o-mini"
+    assert usage.inspect(delta) is False
+    assert usage.usage is None
+    assert usage.inspect(last) is False, "never stripped: it is the response itself"
+    assert usage.usage == {"input_tokens": 8, "output_tokens": 20}
+
+
 def test_ask_for_usage_only_when_missing() -> None:
     body = orjson.dumps({"model": "m", "stream": True, "messages": []})
     changed = ask_for_usage("/v1/chat/completions", body)

@@ -92,3 +92,30 @@ async def test_seeded_stream_deaths_in_process() -> None:
     assert runs[0] == runs[1]
     assert -1 in runs[0]
     assert any(length > 0 for length in runs[0])
+
+
+async def test_clock_stamps_responses_created_and_completed(client: Client) -> None:
+    body = {"model": "gpt-4o", "input": "hello there friend"}
+    created = await (await client.post("/v1/responses", json=body)).json()
+    assert created["created_at"] == created["completed_at"] == 1_700_000_000
+    stream = await client.post(
+        "/v1/responses", json={**body, "stream": True}, headers={"X-Sim-Token-Ms": "0"}
+    )
+    last = (await stream.read()).split(b"\n\n")[-2]
+    assert last.startswith(b"event: response.completed\ndata: ")
+    completed = json.loads(last.split(b"data: ", 1)[1])["response"]
+    assert (completed["created_at"], completed["completed_at"]) == (1_700_000_000,) * 2
+
+
+async def test_background_generations_still_running_stop_with_the_app() -> None:
+    app = build_app(SimConfig(latency=FixedLatency(0.0)))
+    async with TestClient(TestServer(app)) as client:
+        response = await client.post(
+            "/v1/responses",
+            json={"model": "gpt-4o", "input": "hi", "background": True},
+            headers={"X-Sim-Delay-Ms": "60000"},
+        )
+        assert (await response.json())["status"] == "queued"
+        assert client.app[LEDGER].generating == 1
+    assert app[LEDGER].generating == 0
+    assert app[LEDGER].billed == 0

@@ -66,6 +66,7 @@ def test_bad_flag_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
         (["--die-mid-stream", "often"], "--die-mid-stream"),
         (["--die-mid-stream", "1.5"], "--die-mid-stream"),
         (["--die-mid-stream", "-0.1"], "--die-mid-stream"),
+        (["--stored-responses", "lots"], "--stored-responses"),
     ],
 )
 def test_every_bad_value_names_its_flag(args: list[str], flag: str) -> None:
@@ -111,6 +112,7 @@ def test_help_shows_flags_and_defaults() -> None:
         "X-Sim-Die-After",
         "--seed",
         "--ledger",
+        "--stored-responses",
         "8100",
         "127.0.0.1",
     ):

@@ -137,6 +137,7 @@ def test_config_from_flags_defaults() -> None:
     assert config.ledger_path is None
     assert config.token_interval == pytest.approx(0.02)  # 50/s
     assert config.die_mid_stream == 0.0
+    assert config.stored_responses == 1000
 
 
 def test_config_from_flags_parses_everything() -> None:
@@ -150,6 +151,7 @@ def test_config_from_flags_parses_everything() -> None:
         ledger="bill.csv",
         token_rate="100/s",
         die_mid_stream="0.3",
+        stored_responses="5",
     )
     assert config == SimConfig(
         host="0.0.0.0",
@@ -161,6 +163,7 @@ def test_config_from_flags_parses_everything() -> None:
         ledger_path=Path("bill.csv"),
         token_interval=0.01,
         die_mid_stream=0.3,
+        stored_responses=5,
     )
 
 
@@ -176,6 +179,8 @@ def test_config_from_flags_parses_everything() -> None:
         ({"ledger": ""}, "--ledger"),
         ({"token_rate": "fast"}, "--token-rate"),
         ({"die_mid_stream": "2"}, "--die-mid-stream"),
+        ({"stored_responses": "-1"}, "--stored-responses"),
+        ({"stored_responses": "many"}, "--stored-responses"),
     ],
 )
 def test_config_from_flags_names_the_bad_flag(flags: dict[str, str], flag: str) -> None:

@@ -121,8 +121,10 @@ class StreamUsage:
     """Token usage gathered from a stream's events (OpenAI and Anthropic shapes).
 
     OpenAI sends it in a last chunk (``choices: []``) when
-    ``stream_options.include_usage`` is set. Anthropic sends input tokens in
-    ``message_start`` and the output count in ``message_delta``.
+    ``stream_options.include_usage`` is set; its Responses API in the response
+    object of ``response.completed`` (``response.incomplete``, ``response.failed``).
+    Anthropic sends input tokens in ``message_start`` and the output count in
+    ``message_delta``.
     """
 
     def __init__(self) -> None:
@@ -140,8 +142,14 @@ class StreamUsage:
         if not isinstance(document, dict):
             return False
         kind = document.get("type")
-        if kind == "response.completed" and isinstance(document.get("response"), dict):
-            # The Responses API streams its final usage inside the completed response.
+        if (
+            isinstance(kind, str)
+            and kind.startswith("response.")
+            and isinstance(document.get("response"), dict)
+        ):
+            # The Responses API streams its object inside its lifecycle events: the model
+            # from response.created on, the final usage in response.completed, or in
+            # response.incomplete when max_output_tokens cut it (response.failed too).
             document = document["response"]
         if self.model is None:
             message = document.get("message")

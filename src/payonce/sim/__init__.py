@@ -10,10 +10,12 @@ Modules, one concept each: :mod:`~payonce.sim.config` (settings and flag parsers
 :mod:`~payonce.sim.latency`, :mod:`~payonce.sim.faults`, :mod:`~payonce.sim.overrides`
 (per-request headers), :mod:`~payonce.sim.prompts` (request parsing, token estimates),
 :mod:`~payonce.sim.bodies` (response bodies), :mod:`~payonce.sim.streams` (the
-same answers as server-sent events), :mod:`~payonce.sim.provider_errors`,
-:mod:`~payonce.sim.pricing`, :mod:`~payonce.sim.ledger`, :mod:`~payonce.sim.provider`
-(the request path), :mod:`~payonce.sim.app` (routes), :mod:`~payonce.sim.server` and
-:mod:`~payonce.sim.cli`.
+same answers as server-sent events), :mod:`~payonce.sim.responses` (the Responses
+API's object and events) and :mod:`~payonce.sim.response_store` (stored ones),
+:mod:`~payonce.sim.provider_errors`, :mod:`~payonce.sim.pricing`,
+:mod:`~payonce.sim.ledger`, :mod:`~payonce.sim.provider` (the request path),
+:mod:`~payonce.sim.wire` (writing answers, events and faults), :mod:`~payonce.sim.app`
+(routes), :mod:`~payonce.sim.server` and :mod:`~payonce.sim.cli`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 =========================================== =================================================
 route                                       answer
 =========================================== =================================================
-GET /v1/organization/usage/completions      OpenAI Usage API, completions (chat and legacy
-                                            completions entries)
+GET /v1/organization/usage/completions      OpenAI Usage API, completions (chat, legacy
+                                            completions and Responses API entries)
 GET /v1/organization/costs                  OpenAI Costs API (every OpenAI entry)
 GET /v1/organizations/usage_report/messages Anthropic messages usage report
 GET /v1/organizations/cost_report           Anthropic cost report (``amount`` in cents)
@@ -20,6 +20,15 @@ the start of their UTC minute, hour or day. Every bucket in the requested range 
 answered, with empty ``results`` when nothing was billed in it (as OpenAI does; the
 same is assumed for Anthropic, whose docs do not say).
 ``limit`` counts buckets per page; ``next_page`` is an opaque ``page_`` cursor.
+
+``/v1/responses`` entries count as completions usage, deliberately. OpenAI's Usage
+API has one report for text generation by models, ``usage/completions``; its other
+reports are per product (embeddings, moderations, images, audio, vector stores,
+code interpreter, file and web search: the openai SDK's ``admin.organization.usage``
+lists them), none of them for the Responses API, and no reference page we found
+says otherwise. So a Responses API call can only show up there, and a cost fetcher
+rehearsed against the simulator must see it there. The Costs API already has every
+OpenAI entry, Responses included.
 Dimensions not in ``group_by`` are ``null``. Things the simulator does not model are
 constants: no cached, audio or server-tool tokens, ``batch`` false, service tier
 ``default`` (OpenAI) / ``standard`` (Anthropic), context window ``0-200k``.
@@ -56,7 +65,7 @@ ANTHROPIC_ADMIN_PREFIX = "sk-ant-admin"
 _WIDTHS = {"1m": 60, "1h": 3600, "1d": 86400}
 # (default, maximum) buckets per page, as both providers document them.
 _LIMITS = {"1m": (60, 1440), "1h": (24, 168), "1d": (7, 31)}
-_OPENAI_COMPLETIONS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_OPENAI_COMPLETIONS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 _ANTHROPIC_MESSAGES = frozenset({"/v1/messages"})
 
 _OPENAI_USAGE_GROUPS = ("project_id", "user_id", "api_key_id", "model", "batch", "service_tier")

@@ -6,6 +6,10 @@ route                      answer
 POST /v1/chat/completions  OpenAI chat completion (``"stream": true``: its chunks)
 POST /v1/completions       OpenAI legacy text completion (or its chunks)
 POST /v1/embeddings        OpenAI embeddings
+POST /v1/responses         OpenAI Responses API response (``"stream": true``: its events;
+                           ``"background": true``: queued, generated afterwards)
+GET  /v1/responses/{id}    a stored response (:mod:`~payonce.sim.response_store`), in its
+                           latest state; 404 when not stored or another project's
 POST /v1/messages          Anthropic message (``"stream": true``: its events)
 GET  /v1/models            the priced models (Anthropic's list shape when the request
                            has an ``anthropic-version`` header)
@@ -34,7 +38,7 @@ from payonce.clock import Clock, SystemClock
 from payonce.sim.admin import ADMIN_ROUTES, report_handler
 from payonce.sim.bodies import model_list
 from payonce.sim.config import SimConfig
-from payonce.sim.ledger import CsvExport, Ledger
+from payonce.sim.ledger import CsvExport, Ledger, credential_ids, credential_of
 from payonce.sim.provider import ENDPOINTS, Endpoint, Simulator
 from payonce.sim.provider_errors import Api, error_body
 
@@ -66,6 +70,7 @@ def build_app(config: SimConfig, *, clock: Clock | None = None) -> web.Applicati
 
     for endpoint in ENDPOINTS:
         app.router.add_post(endpoint.path, _generation_handler(simulator, endpoint))
+    app.router.add_get("/v1/responses/{response_id}", _retrieve_handler(simulator))
     app.router.add_get("/v1/models", _models)
     for report in ADMIN_ROUTES:
         app.router.add_get(report.path, report_handler(report, _ledger_of, simulator.clock.now))
@@ -77,6 +82,7 @@ def build_app(config: SimConfig, *, clock: Clock | None = None) -> web.Applicati
 
     if config.ledger_path is not None:
         app.cleanup_ctx.append(_csv_export(config.ledger_path))
+    app.on_cleanup.append(lambda _app: simulator.close())
     return app
 
 
@@ -85,6 +91,33 @@ def _generation_handler(simulator: Simulator, endpoint: Endpoint) -> _Handler:
         return await simulator.generate(request, endpoint)
 
     return handle
+
+
+def _retrieve_handler(simulator: Simulator) -> _Handler:
+    """``GET /v1/responses/{id}``: never refused, delayed or counted as a generation request."""
+
+    async def retrieve(request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        if request.query.get("stream", "").lower() in ("1", "true"):
+            message = "Streaming a stored response (stream=true) is not modelled by payonce sim."
+            return _openai_error(400, message, param="stream")
+        project = credential_ids(credential_of(request.headers), anthropic=False)[1]
+        body = simulator.responses.get(response_id, project)
+        if body is None:
+            return _openai_error(404, f"Response with id '{response_id}' not found.")
+        response = web.Response(body=body, content_type="application/json")
+        response.headers["x-request-id"] = simulator.new_request_id("req_")
+        return response
+
+    return retrieve
+
+
+def _openai_error(status: int, message: str, *, param: str | None = None) -> web.Response:
+    return web.Response(
+        body=error_body(Api.OPENAI, status, message, param=param),
+        status=status,
+        content_type="application/json",
+    )
 
 
 def _ledger_of(request: web.Request) -> Ledger:

@@ -16,6 +16,7 @@ from payonce.sim.config import (
     DEFAULT_TOKEN_RATE,
     SimConfig,
 )
+from payonce.sim.response_store import DEFAULT_STORED_RESPONSES
 
 __all__ = ["sim_command"]
 
@@ -67,6 +68,14 @@ class _ConfigExit(click.ClickException):
     metavar="RATE",
     help="Fraction of streams cut at a random event before the terminating one; not billed.",
 )
+@click.option(
+    "--stored-responses",
+    default=str(DEFAULT_STORED_RESPONSES),
+    show_default=True,
+    metavar="N",
+    help="Responses API: how many responses GET /v1/responses/{id} can read back "
+    "(the oldest are evicted; 0: none).",
+)
 @click.option("--seed", default=None, metavar="N", help="Seed for repeatable runs.")
 @click.option(
     "--ledger",
@@ -82,6 +91,7 @@ def sim_command(
     fail: str,
     drop_after_compute: str,
     die_mid_stream: str,
+    stored_responses: str,
     seed: str | None,
     ledger: str | None,
 ) -> None:
@@ -105,6 +115,7 @@ def sim_command(
             ledger=ledger,
             token_rate=token_rate,
             die_mid_stream=die_mid_stream,
+            stored_responses=stored_responses,
         )
         # Imported here so that `payonce --help` and other commands do not pay for
         # importing aiohttp.

@@ -22,6 +22,7 @@ from pathlib import Path
 from payonce.errors import ConfigError
 from payonce.sim.faults import FaultPlan
 from payonce.sim.latency import FixedLatency, LatencyModel, LogNormalLatency
+from payonce.sim.response_store import DEFAULT_STORED_RESPONSES
 
 __all__ = [
     "DEFAULT_HOST",
@@ -181,6 +182,17 @@ def parse_seed(text: str, *, flag: str = "--seed") -> int:
         raise ConfigError(f"{flag}: {text!r} is not an integer") from None
 
 
+def _parse_count(text: str, *, flag: str) -> int:
+    """A whole number >= 0."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a whole number") from None
+    if count < 0:
+        raise ConfigError(f"{flag}: {count} is below 0")
+    return count
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Everything ``payonce sim`` is told, already parsed and checked.
@@ -189,6 +201,8 @@ class SimConfig:
     ``ledger_path`` is the CSV billing export, appended to; ``None`` keeps the
     ledger in memory only. ``token_interval`` is the seconds between two streamed
     tokens (0: no pacing); ``die_mid_stream`` the fraction of streams that die.
+    ``stored_responses`` caps the Responses API responses kept for
+    ``GET /v1/responses/{id}`` (the oldest are evicted; 0 keeps none).
     """
 
     host: str = DEFAULT_HOST
@@ -200,6 +214,7 @@ class SimConfig:
     ledger_path: Path | None = None
     token_interval: float = field(default_factory=lambda: parse_token_rate(DEFAULT_TOKEN_RATE))
     die_mid_stream: float = 0.0
+    stored_responses: int = DEFAULT_STORED_RESPONSES
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop_after_compute <= 1.0:
@@ -210,6 +225,8 @@ class SimConfig:
             raise ConfigError(f"--die-mid-stream: {self.die_mid_stream} is not between 0 and 1")
         if not (math.isfinite(self.token_interval) and self.token_interval >= 0):
             raise ConfigError(f"--token-rate: bad token interval {self.token_interval}")
+        if self.stored_responses < 0:
+            raise ConfigError(f"--stored-responses: {self.stored_responses} is below 0")
 
     @classmethod
     def from_flags(
@@ -224,6 +241,7 @@ class SimConfig:
         ledger: str | None = None,
         token_rate: str = DEFAULT_TOKEN_RATE,
         die_mid_stream: str = "0",
+        stored_responses: str = str(DEFAULT_STORED_RESPONSES),
     ) -> SimConfig:
         """Parse the CLI's flag strings; raises :class:`ConfigError` on the first bad one."""
         if not host.strip():
@@ -240,4 +258,5 @@ class SimConfig:
             ledger_path=None if ledger is None else Path(ledger),
             token_interval=parse_token_rate(token_rate),
             die_mid_stream=parse_rate(die_mid_stream, flag="--die-mid-stream"),
+            stored_responses=_parse_count(stored_responses, flag="--stored-responses"),
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,6 +32,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "credential_ids",
+    "credential_of",
     "format_timestamp",
 ]
 
@@ -53,6 +55,20 @@ def format_timestamp(seconds: float) -> str:
     """Epoch seconds as ISO 8601 UTC with milliseconds: ``2023-11-14T22:13:20.000Z``."""
     moment = dt.datetime.fromtimestamp(seconds, dt.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def credential_of(headers: Mapping[str, str]) -> str:
+    """A request's API key: ``x-api-key`` (Anthropic), else the ``Authorization`` bearer.
+
+    ``headers`` must be case-insensitive. Only its hash reaches the ledger
+    (:func:`credential_ids`).
+    """
+    key = headers.get("x-api-key")
+    if key is not None:
+        return key
+    authorization = headers.get("Authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else authorization
 
 
 def credential_ids(credential: str, *, anthropic: bool) -> tuple[str, str]:

@@ -7,14 +7,16 @@ Token counts are estimated, not tokenised, with formulas simple enough to predic
 in a test or a spreadsheet:
 
 * **input tokens** = ``ceil(chars / 4)`` of the prompt text (chat and Anthropic: all
-  messages' text content plus the system prompt, counted together; completions and
+  messages' text content plus the system prompt, counted together; Responses: the
+  ``input`` string or its items' text plus ``instructions``; completions and
   embeddings: each prompt or input string counted alone, then summed). A
   pre-tokenised input (a list of token ids) counts one token per id. At least 1.
 * **answer tokens** (per choice) = the input tokens clamped to [16, 1024], then
   capped by the request's ``max_tokens`` (chat: ``max_completion_tokens`` first;
-  completions default to 16, as OpenAI's legacy endpoint does). When the cap bites,
-  the finish reason is ``length`` (Anthropic: ``max_tokens``), else ``stop``
-  (``end_turn``).
+  Responses: ``max_output_tokens``, at least 16 as OpenAI requires; completions
+  default to 16, as OpenAI's legacy endpoint does). When the cap bites, the finish
+  reason is ``length`` (Anthropic: ``max_tokens``; Responses: status ``incomplete``),
+  else ``stop`` (``end_turn``; ``completed``).
 * **output tokens** = answer tokens x choices (``n``; for completions, x the number
   of prompts). Embeddings have no output tokens.
 
@@ -24,7 +26,9 @@ is sized by the same formulas, so it costs what the same request without ``strea
 costs.
 
 ``stream`` must be a boolean. OpenAI's ``stream_options`` (``{"include_usage": bool}``)
-is only allowed with ``"stream": true``, as OpenAI answers.
+is only allowed with ``"stream": true``, as OpenAI answers. The Responses API's
+``store`` and ``background`` must be booleans too, and its ``metadata`` a map of
+strings (at most 16 pairs, as OpenAI documents).
 """
 
 from __future__ import annotations
@@ -39,19 +43,25 @@ __all__ = [
     "DEFAULT_COMPLETIONS_MAX_TOKENS",
     "MAX_ANSWER_TOKENS",
     "MIN_ANSWER_TOKENS",
+    "MIN_RESPONSES_MAX_OUTPUT_TOKENS",
     "Ask",
+    "ResponsesAsk",
     "answer_tokens",
     "estimate_tokens",
     "parse_chat",
     "parse_completion",
     "parse_embedding",
     "parse_message",
+    "parse_responses",
 ]
 
 CHARS_PER_TOKEN = 4
 MIN_ANSWER_TOKENS = 16
 MAX_ANSWER_TOKENS = 1024
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16
+# OpenAI refuses a smaller max_output_tokens on /v1/responses.
+MIN_RESPONSES_MAX_OUTPUT_TOKENS = 16
+_MAX_METADATA_PAIRS = 16
 _MAX_CHOICES = 128
 _MAX_DIMENSIONS = 3072
 
@@ -76,6 +86,24 @@ class Ask:
     def output_tokens(self) -> int:
         """The tokens billed as output: the answer in every choice."""
         return self.answer_tokens * self.choices
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesAsk(Ask):
+    """A ``/v1/responses`` request: an :class:`Ask` and what the response object echoes.
+
+    ``store`` (OpenAI's default: true) keeps the response for ``GET /v1/responses/{id}``;
+    ``background`` answers at once and generates afterwards (:mod:`~payonce.sim.responses`).
+    """
+
+    store: bool = True
+    background: bool = False
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
+    previous_response_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 def estimate_tokens(chars: int) -> int:
@@ -191,6 +219,61 @@ def parse_message(body: object) -> Ask:
     return Ask(model, input_tokens, answer, truncated, stream=stream)
 
 
+def parse_responses(body: object) -> ResponsesAsk:
+    """OpenAI ``POST /v1/responses``: ``model`` and ``input`` (a string or input items).
+
+    Every item's text counts (message ``content``, a string or parts with ``text``;
+    other items' ``output`` strings, such as ``function_call_output``), and so do the
+    ``instructions``. Tools and the rest are accepted and ignored.
+    """
+    fields = _object(body)
+    model = _model(fields)
+    value = _required(fields, "input")
+    if isinstance(value, str):
+        chars = len(value)
+    elif isinstance(value, list) and value:
+        chars = 0
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise _invalid_type(f"input[{index}]", "an object")
+            chars += _content_chars(item.get("content"), f"input[{index}].content")
+            output = item.get("output")
+            if isinstance(output, str):
+                chars += len(output)
+    else:
+        raise _invalid_type("input", "a string or a non-empty array of input items")
+    instructions = fields.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _invalid_type("instructions", "a string")
+    chars += len(instructions or "")
+    max_tokens = _optional_count(fields, "max_output_tokens")
+    if max_tokens is not None and max_tokens < MIN_RESPONSES_MAX_OUTPUT_TOKENS:
+        raise BadRequest(
+            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
+            f"{MIN_RESPONSES_MAX_OUTPUT_TOKENS}, but got {max_tokens} instead.",
+            param="max_output_tokens",
+            code="integer_below_min_value",
+        )
+    input_tokens = max(1, estimate_tokens(chars))
+    answer, truncated = answer_tokens(input_tokens, max_tokens)
+    previous = fields.get("previous_response_id")
+    return ResponsesAsk(
+        model,
+        input_tokens,
+        answer,
+        truncated,
+        stream=_stream(fields),
+        store=_flag(fields, "store", default=True),
+        background=_flag(fields, "background", default=False),
+        instructions=instructions,
+        max_output_tokens=max_tokens,
+        metadata=_metadata(fields),
+        previous_response_id=previous if isinstance(previous, str) else None,
+        temperature=_number(fields, "temperature"),
+        top_p=_number(fields, "top_p"),
+    )
+
+
 # --- helpers -----------------------------------------------------------------------
 
 
@@ -248,6 +331,37 @@ def _stream(fields: dict[str, Any]) -> bool:
     if not isinstance(stream, bool):
         raise _invalid_type("stream", "a boolean")
     return stream
+
+
+def _flag(fields: dict[str, Any], name: str, *, default: bool) -> bool:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _invalid_type(name, "a boolean")
+    return value
+
+
+def _number(fields: dict[str, Any], name: str) -> float | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid_type(name, "a number")
+    return float(value)
+
+
+def _metadata(fields: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    metadata = fields.get("metadata")
+    if metadata is None:
+        return ()
+    if (
+        not isinstance(metadata, dict)
+        or len(metadata) > _MAX_METADATA_PAIRS
+        or not all(isinstance(value, str) for value in metadata.values())
+    ):
+        raise _invalid_type("metadata", f"an object of at most {_MAX_METADATA_PAIRS} strings")
+    return tuple(metadata.items())
 
 
 def _openai_stream(fields: dict[str, Any]) -> tuple[bool, bool]:

@@ -10,8 +10,9 @@ One generation request goes through these steps, in this order::
     X-Sim-Drop / --drop draw   -> close the connection, no response (still billed)
     answer 200
 
-A request with ``"stream": true`` (chat, completions, messages) is answered with
-server-sent events (:mod:`~payonce.sim.streams`) instead::
+A request with ``"stream": true`` (chat, completions, responses, messages) is
+answered with server-sent events (:mod:`~payonce.sim.streams`,
+:mod:`~payonce.sim.responses`) instead::
 
     count, refuse, parse       as above: errors are JSON, nothing is sent yet
     sleep the latency          the time to first token
@@ -29,11 +30,25 @@ server-sent events (:mod:`~payonce.sim.streams`) instead::
                                terminating one, whether or not the client is connected
     X-Sim-Drop / --drop        -> close the connection without the terminating event
                                (billed)
-    send the terminator        data: [DONE] / event: message_stop
+    send the terminator        data: [DONE] / event: message_stop / response.completed
 
 A client that leaves mid-stream does not stop the generation: the remaining tokens
 are still paced (their writes skipped) and the stream is billed at its end with
 ``client_connected`` false, as providers bill abandoned streams.
+
+``/v1/responses`` does the same, and keeps the response for ``GET /v1/responses/{id}``
+unless ``"store": false`` (:mod:`~payonce.sim.response_store`): ``in_progress`` from
+the parse on, the answer's object once billed, ``failed`` if its stream died. With
+``"background": true`` (and no ``stream``) the order is::
+
+    count, refuse, parse       as above
+    store it queued            and start the generation in the background
+    X-Sim-Drop / --drop draw   -> close the connection, no response (the generation
+                               still runs, and is billed: the client never learns its id)
+    answer 200                 the queued object, at once
+    (in the background)        in_progress, sleep the latency, bill with
+                               client_connected false (nobody waits on it), store
+                               the finished object
 
 Random draws come from one ``random.Random(seed)`` in that order (fault, latency,
 then for streams die and die point, then drop; each only when its source is
@@ -51,6 +66,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from aiohttp import web
 
@@ -58,41 +74,111 @@ from payonce.clock import Clock
 from payonce.sim.bodies import anthropic_message, chat_completion, embedding_list, text_completion
 from payonce.sim.config import SimConfig
 from payonce.sim.faults import RETRY_AFTER_SECONDS, RETRY_AFTER_STATUSES
-from payonce.sim.ledger import Ledger, LedgerEntry, credential_ids
+from payonce.sim.ledger import Ledger, LedgerEntry, credential_ids, credential_of
 from payonce.sim.overrides import Overrides
 from payonce.sim.pricing import cost_usd
-from payonce.sim.prompts import Ask, parse_chat, parse_completion, parse_embedding, parse_message
+from payonce.sim.prompts import (
+    Ask,
+    ResponsesAsk,
+    parse_chat,
+    parse_completion,
+    parse_embedding,
+    parse_message,
+    parse_responses,
+)
 from payonce.sim.provider_errors import Api, BadRequest, error_body
+from payonce.sim.response_store import StoredResponses
+from payonce.sim.responses import ResponseObject, ResponseReply
 from payonce.sim.streams import (
     EventStream,
     chat_completion_stream,
     message_stream,
     text_completion_stream,
 )
+from payonce.sim.wire import (
+    ANTHROPIC_REQUEST_ID_HEADER,
+    EVENT_STREAM,
+    REQUEST_ID_HEADER,
+    EventSender,
+    client_connected,
+    drop_connection,
+    hide_request_id,
+    json_response,
+)
 
-__all__ = ["ENDPOINTS", "REQUEST_ID_HEADER", "Endpoint", "Simulator"]
-
-REQUEST_ID_HEADER = "x-request-id"
-# The Anthropic SDK reads its request id from ``request-id``; send both there.
-ANTHROPIC_REQUEST_ID_HEADER = "request-id"
-_JSON = "application/json"
-_EVENT_STREAM = "text/event-stream"
-# Unpaced events are written in batches of about this many bytes, not one by one.
-_WRITE_BATCH_BYTES = 64 * 1024
+__all__ = ["ENDPOINTS", "REQUEST_ID_HEADER", "RESPONSES", "Endpoint", "Reply", "Simulator"]
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One generation endpoint: where it lives, whose API it imitates, how it reads and answers."""
+    """One generation endpoint: where it lives, whose API it imitates, how it reads and answers.
+
+    ``render`` and ``stream`` answer from the ask alone; ``None`` for ``/v1/responses``,
+    whose answers are :class:`~payonce.sim.responses.ResponseReply` objects, which
+    also keep the stored response up to date.
+    """
 
     path: str
     api: Api
     id_prefix: str
     parse: Callable[[object], Ask]
-    render: Callable[[Ask, str, int], bytes]
+    render: Callable[[Ask, str, int], bytes] | None = None
     stream: Callable[[Ask, str, int], EventStream] | None = None  # None: never streams
 
 
+class Reply(Protocol):
+    """How one admitted request is answered, and told how its generation went."""
+
+    def events(self, first_token: float, interval: float) -> EventStream:
+        """The stream, its first token at ``first_token``, one token every ``interval``."""
+
+    def billed(self, finished: float) -> None:
+        """The generation finished and was billed at ``finished``."""
+
+    def body(self, finished: float) -> bytes:
+        """The JSON answer of a generation that finished at ``finished``."""
+
+    def died(self) -> None:
+        """The provider died mid-stream: nothing finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """A :class:`Reply` rendered from the ask alone (every endpoint but ``/v1/responses``)."""
+
+    endpoint: Endpoint
+    ask: Ask
+    request_id: str
+
+    def events(self, first_token: float, interval: float) -> EventStream:
+        assert self.endpoint.stream is not None  # parsers only set ask.stream where it streams
+        return self.endpoint.stream(self.ask, self.request_id, int(first_token))
+
+    def billed(self, finished: float) -> None:
+        pass
+
+    def body(self, finished: float) -> bytes:
+        assert self.endpoint.render is not None
+        return self.endpoint.render(self.ask, self.request_id, int(finished))
+
+    def died(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A request that was neither refused nor malformed, sized and with its latency drawn."""
+
+    request_id: str
+    key: tuple[str, str]  # (api key id, project or workspace id), from the credential
+    overrides: Overrides
+    ask: Ask
+    delay: float  # seconds: the generation, or a stream's time to first token
+    arrived: float  # the simulator's clock when the request came in
+
+
+# Whole, streamed, stored and background answers: see payonce.sim.responses.
+RESPONSES = Endpoint("/v1/responses", Api.OPENAI, "resp_", parse_responses)
 ENDPOINTS = (
     Endpoint(
         "/v1/chat/completions",
@@ -112,6 +198,7 @@ ENDPOINTS = (
     ),
     # Embeddings bodies carry no id; OpenAI-style ``req_`` ids go in the header only.
     Endpoint("/v1/embeddings", Api.OPENAI, "req_", parse_embedding, embedding_list),
+    RESPONSES,
     Endpoint(
         "/v1/messages", Api.ANTHROPIC, "msg_", parse_message, anthropic_message, message_stream
     ),
@@ -132,6 +219,8 @@ class Simulator:
         self._drop_rate = config.drop_after_compute
         self._die_rate = config.die_mid_stream
         self._token_interval = config.token_interval
+        self.responses = StoredResponses(config.stored_responses)
+        self._background_tasks: set[asyncio.Task[None]] = set()
 
     def new_request_id(self, prefix: str) -> str:
         """A provider request id such as ``chatcmpl-<24 hex digits>``."""
@@ -139,9 +228,46 @@ class Simulator:
 
     async def generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         """Handle one request to ``endpoint`` (the steps in the module docstring)."""
+        admitted = await self._admit(request, endpoint)
+        if isinstance(admitted, web.Response):
+            return admitted
+        ask, request_id = admitted.ask, admitted.request_id
+        if isinstance(ask, ResponsesAsk) and ask.background and not ask.stream:
+            return self._background(request, endpoint, admitted, ask)
+        reply = self._reply(endpoint, admitted)
+        self.ledger.generating += 1
+        try:
+            if ask.stream:
+                return await self._stream(request, endpoint, admitted, reply)
+            if admitted.delay > 0:
+                # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
+                # generation) runs to the end even if the client disconnects meanwhile.
+                await asyncio.sleep(admitted.delay)
+            now = self._bill(endpoint, ask, request_id, admitted.key, client_connected(request))
+            reply.billed(now)
+        finally:
+            self.ledger.generating -= 1
+        if self._drop(admitted.overrides):
+            return drop_connection(request)
+        response = json_response(reply.body(now), 200, endpoint.api, request_id)
+        if admitted.overrides.no_request_id:
+            hide_request_id(response)
+        return response
+
+    async def close(self) -> None:
+        """Stop the background generations still running (unfinished: never billed)."""
+        tasks = list(self._background_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _admit(self, request: web.Request, endpoint: Endpoint) -> _Admitted | web.Response:
+        """Count the request, refuse it (a fault or a bad body) or size it and draw its latency."""
         self.ledger.count_request()
+        arrived = self.clock.now()
         request_id = self.new_request_id(endpoint.id_prefix)
-        key = credential_ids(_credential(request), anthropic=endpoint.api is Api.ANTHROPIC)
+        anthropic = endpoint.api is Api.ANTHROPIC
+        key = credential_ids(credential_of(request.headers), anthropic=anthropic)
         try:
             overrides = Overrides.from_headers(request.headers)
             status = overrides.fail_status
@@ -156,49 +282,68 @@ class Simulator:
                 ask = replace(ask, user=user)
         except BadRequest as exc:
             body = error_body(endpoint.api, 400, exc.message, param=exc.param, code=exc.code)
-            return _json_response(body, 400, endpoint.api, request_id)
-
+            return json_response(body, 400, endpoint.api, request_id)
         delay = overrides.delay
         if delay is None:
             delay = self._latency.sample(self._rng)
-        self.ledger.generating += 1
-        try:
-            if ask.stream and endpoint.stream is not None:
-                return await self._stream(request, endpoint, ask, request_id, key, overrides, delay)
-            if delay > 0:
-                # aiohttp runs handlers with handler_cancellation=False, so this sleep (the
-                # generation) runs to the end even if the client disconnects meanwhile.
-                await asyncio.sleep(delay)
-            now = self._bill(endpoint, ask, request_id, key, _client_connected(request))
-        finally:
-            self.ledger.generating -= 1
-        if self._drop(overrides):
-            return _drop_connection(request)
-        body = endpoint.render(ask, request_id, int(now))
-        response = _json_response(body, 200, endpoint.api, request_id)
-        if overrides.no_request_id:
-            _hide_request_id(response)
+        return _Admitted(request_id, key, overrides, ask, delay, arrived)
+
+    def _reply(self, endpoint: Endpoint, admitted: _Admitted) -> Reply:
+        ask = admitted.ask
+        if isinstance(ask, ResponsesAsk):
+            created = ResponseObject(ask, admitted.request_id, int(admitted.arrived))
+            kept = ask.store or ask.background
+            project = admitted.key[1]
+            return ResponseReply(created, self.responses if kept else None, project)
+        return _Rendered(endpoint, ask, admitted.request_id)
+
+    def _background(
+        self, request: web.Request, endpoint: Endpoint, admitted: _Admitted, ask: ResponsesAsk
+    ) -> web.Response:
+        """``background: true``: answer ``queued`` at once, generate and bill afterwards."""
+        created = ResponseObject(ask, admitted.request_id, int(admitted.arrived))
+        queued = created.render("queued")
+        self.responses.add(created.id, admitted.key[1], queued)
+        task = asyncio.get_running_loop().create_task(
+            self._generate_in_background(endpoint, admitted, created)
+        )
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
+        if self._drop(admitted.overrides):
+            # Queued (and billed when it finishes), but the client never learns its id.
+            return drop_connection(request)
+        response = json_response(queued, 200, endpoint.api, created.id)
+        if admitted.overrides.no_request_id:
+            hide_request_id(response)
         return response
 
+    async def _generate_in_background(
+        self, endpoint: Endpoint, admitted: _Admitted, created: ResponseObject
+    ) -> None:
+        await asyncio.sleep(0)  # the answer (queued) goes out first
+        self.responses.update(created.id, created.render("in_progress"))
+        self.ledger.generating += 1
+        try:
+            if admitted.delay > 0:
+                await asyncio.sleep(admitted.delay)
+            # Nobody waits on a background generation: the answer waits to be fetched.
+            now = self._bill(endpoint, created.ask, created.id, admitted.key, connected=False)
+        finally:
+            self.ledger.generating -= 1
+        self.responses.update(created.id, created.finished(int(now)))
+
     async def _stream(
-        self,
-        request: web.Request,
-        endpoint: Endpoint,
-        ask: Ask,
-        request_id: str,
-        key: tuple[str, str],
-        overrides: Overrides,
-        delay: float,
+        self, request: web.Request, endpoint: Endpoint, admitted: _Admitted, reply: Reply
     ) -> web.StreamResponse:
-        """Answer ``ask`` as server-sent events (the stream steps in the module docstring)."""
-        assert endpoint.stream is not None
+        """Answer as server-sent events (the stream steps in the module docstring)."""
+        overrides, request_id = admitted.overrides, admitted.request_id
         interval = overrides.token_interval
         if interval is None:
             interval = self._token_interval
-        if delay > 0:
-            await asyncio.sleep(delay)  # the time to first token
+        if admitted.delay > 0:
+            await asyncio.sleep(admitted.delay)  # the time to first token
 
-        events = endpoint.stream(ask, request_id, int(self.clock.now()))
+        events = reply.events(self.clock.now(), interval)
         last = events.count - 1  # the terminating event
         die_at = self._die_point(overrides, events.count)
         drop = die_at is None and self._drop(overrides)
@@ -209,10 +354,10 @@ class Simulator:
         if endpoint.api is Api.ANTHROPIC:
             response.headers[ANTHROPIC_REQUEST_ID_HEADER] = request_id
         if overrides.no_request_id:
-            _hide_request_id(response)
-        response.content_type = _EVENT_STREAM
+            hide_request_id(response)
+        response.content_type = EVENT_STREAM
         response.charset = "utf-8"
-        sender = _EventSender(request, response)
+        sender = EventSender(request, response)
         await sender.start()
 
         loop = asyncio.get_running_loop()
@@ -223,11 +368,13 @@ class Simulator:
                 await sender.flush()  # what is due now goes out before the wait
                 await asyncio.sleep(due - loop.time())
             if index == die_at:
+                reply.died()
                 await sender.close()
                 return response
             if index == last:
-                connected = sender.connected and _client_connected(request)
-                self._bill(endpoint, ask, request_id, key, connected)
+                connected = sender.connected and client_connected(request)
+                now = self._bill(endpoint, admitted.ask, request_id, admitted.key, connected)
+                reply.billed(now)
                 if drop:
                     await sender.close()
                     return response
@@ -284,7 +431,7 @@ class Simulator:
         return None
 
     def _refuse(self, api: Api, status: int, request_id: str) -> web.Response:
-        response = _json_response(error_body(api, status), status, api, request_id)
+        response = json_response(error_body(api, status), status, api, request_id)
         if status in RETRY_AFTER_STATUSES:
             response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
@@ -314,102 +461,3 @@ def _end_user(document: object) -> str:
     if not isinstance(user, str) and isinstance(metadata, dict):
         user = metadata.get("user_id")
     return user[:256] if isinstance(user, str) else ""
-
-
-def _credential(request: web.Request) -> str:
-    """The request's API key: ``x-api-key`` (Anthropic), else the ``Authorization`` bearer.
-
-    Only its hash reaches the ledger (:func:`~payonce.sim.ledger.credential_ids`).
-    """
-    headers = request.headers
-    key = headers.get("x-api-key")
-    if key is not None:
-        return key
-    authorization = headers.get("Authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else authorization
-
-
-def _client_connected(request: web.Request) -> bool:
-    # aiohttp drops the transport when the peer closes (connection_lost); a transport
-    # that is closing is as good as gone for answering.
-    transport = request.transport
-    return transport is not None and not transport.is_closing()
-
-
-class _EventSender:
-    """Writes a stream's events, batched when unpaced, and notes when the client has gone.
-
-    A failed write (the client left) marks the client gone and turns later writes into
-    no-ops, so the caller goes on generating and billing as if nothing happened.
-    """
-
-    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
-        self._request = request
-        self._response = response
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self.connected = True
-
-    async def start(self) -> None:
-        """Send the status line and headers (so ``X-Sim-Die-After: 0`` is a 200, then nothing)."""
-        try:
-            await self._response.prepare(self._request)
-        except ConnectionError:
-            self.connected = False
-
-    async def send(self, event: bytes) -> None:
-        """Queue one event; write the queue once it is a batch."""
-        if not self.connected:
-            return
-        self._pending.append(event)
-        self._pending_bytes += len(event)
-        if self._pending_bytes >= _WRITE_BATCH_BYTES:
-            await self.flush()
-
-    async def flush(self) -> None:
-        """Write what is queued, if the client is still there."""
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending.clear()
-        self._pending_bytes = 0
-        if not self.connected:
-            return
-        try:
-            await self._response.write(data)
-        except ConnectionError:  # aiohttp's ClientConnectionResetError among them
-            self.connected = False
-
-    async def close(self) -> None:
-        """Write what is queued, then close the connection without ending the stream."""
-        await self.flush()
-        transport = self._request.transport
-        if transport is not None:
-            # close(), not abort(): the events already written reach the client first.
-            # aiohttp then fails to write the end of the chunked body, which it treats
-            # as an ordinary client disconnect (no traceback in the log).
-            transport.close()
-
-
-def _drop_connection(request: web.Request) -> web.Response:
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-    # aiohttp then fails to write this response to the closed transport, which it
-    # treats as an ordinary client disconnect: no response, no traceback in the log.
-    return web.Response(status=204)
-
-
-def _hide_request_id(response: web.StreamResponse) -> None:
-    """Like llama.cpp's server: the id is in the body only (``X-Sim-No-Request-Id``)."""
-    response.headers.popall(REQUEST_ID_HEADER, None)
-    response.headers.popall(ANTHROPIC_REQUEST_ID_HEADER, None)
-
-
-def _json_response(body: bytes, status: int, api: Api, request_id: str) -> web.Response:
-    response = web.Response(body=body, status=status, content_type=_JSON)
-    response.headers[REQUEST_ID_HEADER] = request_id
-    if api is Api.ANTHROPIC:
-        response.headers[ANTHROPIC_REQUEST_ID_HEADER] = request_id
-    return response

@@ -56,6 +56,7 @@ from payonce.sim.prompts import CHARS_PER_TOKEN, MAX_ANSWER_TOKENS, Ask
 
 __all__ = [
     "DONE",
+    "TOKEN_PIECES",
     "EventStream",
     "chat_completion_stream",
     "message_stream",
@@ -70,6 +71,7 @@ _PIECES = tuple(
     orjson.dumps(_TEXT[i * CHARS_PER_TOKEN : (i + 1) * CHARS_PER_TOKEN])
     for i in range(MAX_ANSWER_TOKENS)
 )
+TOKEN_PIECES = _PIECES  # for the other streams (the Responses API's, in sim/responses.py)
 
 
 @dataclass(frozen=True, slots=True)
