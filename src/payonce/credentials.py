@@ -1,6 +1,6 @@
 """The request headers that carry a caller's credential: shared by the gateway and the client.
 
-The gateway scopes records by a hash of them (README, "Tenants"); the client
+The gateway scopes records by a hash of them (docs/gateway.md, "Tenants"); the client
 sends them with its status lookups so the gateway finds the caller's records.
 Both read this one list, so they cannot drift apart.
 """

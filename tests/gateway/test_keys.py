@@ -140,7 +140,7 @@ def test_a_body_nested_100_000_levels_is_fingerprinted_by_its_bytes(
     print_ = fingerprint("POST", "/v1/x", body, b"application/json")
     assert print_ == fingerprint("POST", "/v1/x", body, b"application/json")
     assert print_ != fingerprint("POST", "/v1/x", deeper, b"application/json")
-    # Raw bytes past the parsers' depth: whitespace counts there (README, "Same request?").
+    # Raw bytes past the parsers' depth: whitespace counts there (docs/gateway.md, "Same request?").
     assert print_ != fingerprint("POST", "/v1/x", body + b" ", b"application/json")
 
 

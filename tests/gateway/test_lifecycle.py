@@ -87,7 +87,7 @@ def test_a_killed_holder_leaves_a_lease_that_lapses_and_the_retry_runs_again(
     assert retry.status_code == 200 and retry.headers["idempotent-replayed"] == "false"
     time.sleep(1.5)
     # The simulator finished A's generation too: the one documented double bill
-    # (README, Failure modes). A's late result can never overwrite B's record.
+    # (docs/gateway.md, Failure modes). A's late result can never overwrite B's record.
     assert fresh_sim.billed() == 2
     assert chat(b.url, "killed-1").content == retry.content
 

@@ -1,6 +1,6 @@
 """Faults with replicas on one Redis, each reported as what the simulator billed.
 
-README, "Failure modes": a replica killed mid-request and an upstream that drops
+docs/gateway.md, "Failure modes": a replica killed mid-request and an upstream that drops
 the connection after computing are the two ways a key can be billed twice; a
 Redis outage answers keyed requests 503 (``closed``) or forwards them unprotected
 (``open``), and leaves no key stuck once Redis is back.

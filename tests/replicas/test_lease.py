@@ -63,7 +63,7 @@ def test_a_killed_holder_is_taken_over_through_the_load_balancer_and_bills_twice
     assert history[0].error_class is ErrorClass.AMBIGUOUS
     assert 1 <= status_requests <= MOST_STATUS_REQUESTS, f"{status_requests} status requests"
 
-    # README, failure mode 2: A's orphaned generation finishes and is billed,
+    # docs/gateway.md, failure mode 2: A's orphaned generation finishes and is billed,
     # nobody receives it; the retry's run is billed too and is the stored answer.
     wait_until(lambda: fresh_sim.billed() == 2, "the orphaned generation to be billed")
     ledger = fresh_sim.ledger()

@@ -1,6 +1,6 @@
 """Talking to a payonce gateway: recognising one, and asking it about a key.
 
-A gateway is recognised from any of its answers (README, "What the gateway
+A gateway is recognised from any of its answers (docs/gateway.md, "What the gateway
 does"): keyed answers carry ``Idempotent-Replayed``, pass-through answers
 ``Via: 1.1 payonce``, and its own errors are ``application/problem+json`` whose
 ``type`` URI names payonce. The transport remembers each origin it has seen
@@ -30,7 +30,7 @@ from urllib.parse import quote
 import httpx2
 
 from payonce.client._call import Lookup
-from payonce.credentials import CREDENTIAL_HEADERS  # the gateway's list (README, "Tenants")
+from payonce.credentials import CREDENTIAL_HEADERS  # the gateway's list (docs/gateway.md, "Tenants")
 
 __all__ = [
     "CREDENTIAL_HEADERS",

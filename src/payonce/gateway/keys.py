@@ -117,7 +117,7 @@ def _explicit_of(first: str, second: str) -> str:
     With ``client._idempotency_header`` set, the SDK sends its own per-call key
     in that header even when the application passes a business key in another
     one (``X-Idempotency-Key``); the business key is the one that spans the
-    application's own retries, so it wins (README, "The key"). Two keys that
+    application's own retries, so it wins (docs/gateway.md, "The key"). Two keys that
     were both chosen, or both minted, are refused.
     """
     first_minted, second_minted = _is_minted(first), _is_minted(second)
@@ -244,7 +244,7 @@ class Tenants:
 def _canonical_json(body: bytes) -> bytes:
     """The canonical form of a JSON body, or the body itself where there is none.
 
-    Defined for every body (README, "Same request?"), so a request an upstream
+    Defined for every body (docs/gateway.md, "Same request?"), so a request an upstream
     would take never fails here. Which branch a body takes depends only on the
     value it holds (never on its key order or whitespace), and no two branches
     produce the same bytes for different values: each canonical output parses

@@ -2,7 +2,7 @@
 
 How many billed generations were duplicates of a business request already billed,
 what they cost, what one successful business call really costs, and which spend
-nothing explains (README section "payonce reconcile" has the definitions).
+nothing explains (docs/reconcile.md has the definitions).
 
 The modules, in the order data flows through them::
 

@@ -1,6 +1,6 @@
 """What reconcile found, as frozen values, and their JSON form.
 
-The definitions (also in the README section "payonce reconcile"):
+The definitions (also in docs/reconcile.md, "Definitions"):
 
 - a **billed generation** is one provider request id on the bill; its bill lines
   are summed (a bill that lists input and output as two lines is one generation).

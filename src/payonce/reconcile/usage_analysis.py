@@ -59,8 +59,11 @@ SELECT provider, usage, min(epoch(bucket_start))::BIGINT AS origin,
        mode(epoch(bucket_end) - epoch(bucket_start))::BIGINT AS width
 FROM (SELECT DISTINCT provider, usage, bucket_start, bucket_end FROM export_buckets)
 GROUP BY provider, usage;
+-- k numbers a bucket on its grid, so a call finds its bucket by integer arithmetic.
 CREATE TABLE report_buckets AS
-SELECT DISTINCT provider, usage, bucket_start, bucket_end FROM export_buckets;
+SELECT b.*, (epoch(b.bucket_start)::BIGINT - g.origin) // g.width AS k
+FROM (SELECT DISTINCT provider, usage, bucket_start, bucket_end FROM export_buckets) b
+JOIN grid g USING (provider, usage);
 """
 
 _OFF_GRID = """
@@ -119,9 +122,8 @@ FROM (
 ) c
 LEFT JOIN grid g ON g.provider = c.provider AND g.usage
 LEFT JOIN report_buckets b ON b.usage AND b.provider = c.provider
-    AND b.bucket_start = to_timestamp(g.origin
-        + floor((epoch(c.ts) - g.origin) / g.width)::BIGINT * g.width)
-    AND c.ts < b.bucket_end
+    AND b.k = (epoch_us(c.ts) - g.origin * 1000000) // (g.width * 1000000)
+    AND c.ts >= b.bucket_start AND c.ts < b.bucket_end
 LEFT JOIN providers p ON p.provider = c.provider
 LEFT JOIN keymap k ON k.tenant = c.tag
 """
@@ -312,9 +314,8 @@ WITH days AS (
     FROM placed s
     JOIN grid g ON g.provider = s.cost_provider AND NOT g.usage
     JOIN report_buckets b ON NOT b.usage AND b.provider = s.cost_provider
-        AND b.bucket_start = to_timestamp(g.origin
-            + floor((epoch(s.ts) - g.origin) / g.width)::BIGINT * g.width)
-        AND s.ts < b.bucket_end
+        AND b.k = (epoch_us(s.ts) - g.origin * 1000000) // (g.width * 1000000)
+        AND s.ts >= b.bucket_start AND s.ts < b.bucket_end
     WHERE s.upstream_call GROUP BY ALL
 )
 SELECT b.provider, b.bucket_start, coalesce(d.billed, 0) AS billed,
