@@ -151,7 +151,8 @@ def test_bad_prices_files_are_config_errors(tmp_path, content: str, needle: str)
         ("gpt-4o-mini", "gpt-4o-mini"),
         ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
         ("gpt-4o-2024-08-06", "gpt-4o"),
-        ("gpt-4o-mini-acme-corp-secret-project", "gpt-4o-mini"),
+        # Another model (a fine-tune, say) is priced and labelled as none of the table.
+        ("gpt-4o-mini-acme-corp-secret-project", "other"),
         ("claude-sonnet-4-20250514", "claude-sonnet-4"),
         ("llama-3-70b", "other"),
         (None, "other"),
@@ -174,6 +175,28 @@ def test_a_thousand_made_up_models_make_no_new_series() -> None:
         for line in text.splitlines()
         if line.startswith(("payonce_cost_usd_total", "payonce_saved_cost_usd_total"))
     }
-    assert labels == {'model="gpt-4o"', 'model="other"'}
+    assert labels == {'model="other"'}  # gpt-4o-secret-N is not gpt-4o
     # The children remembered per raw name are bounded too.
     assert len(metrics._costs) <= 256 and len(metrics._saved_costs) <= 256
+
+
+def test_a_prefix_prices_only_dated_snapshots_and_aliases_of_the_same_model() -> None:
+    # Names that extend a priced one with a date, an alias or a version tag are that model.
+    same = {
+        "gpt-4o-mini-2024-07-18": "gpt-4o-mini",
+        "claude-sonnet-4-20250514": "claude-sonnet-4",
+        "claude-sonnet-4-0": "claude-sonnet-4",
+        "claude-3-5-haiku-latest": "claude-3-5-haiku",
+        "claude-3-5-haiku-20241022": "claude-3-5-haiku",
+        "amazon.nova-micro-v1:0": "amazon.nova-micro",
+        "claude-opus-4-5-20251101": "claude-opus-4-5",
+    }
+    for name, priced in same.items():
+        assert price_of(name) is price_of(priced), name
+    # Names that extend it with anything else are other models, at other prices:
+    # Opus 4.5 costs a third of Opus 4, o3-mini about half of o3.
+    opus_45, opus_4 = price_of("claude-opus-4-5"), price_of("claude-opus-4")
+    assert opus_45 is not None and opus_4 is not None and opus_45.input < opus_4.input
+    assert price_of("o3-mini") is not price_of("o3")
+    assert price_of("gpt-4o-audio-preview") is None, "unknown, not priced as gpt-4o"
+    assert price_of("claude-opus-4-7") is None

@@ -30,7 +30,9 @@ from urllib.parse import quote
 import httpx2
 
 from payonce.client._call import Lookup
-from payonce.credentials import CREDENTIAL_HEADERS  # the gateway's list (docs/gateway.md, "Tenants")
+from payonce.credentials import (
+    CREDENTIAL_HEADERS,
+)  # the gateway's list (docs/gateway.md, "Tenants")
 
 __all__ = [
     "CREDENTIAL_HEADERS",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ PRICES: dict[str, ModelPrice] = {
     "gpt-4.1-mini": ModelPrice(0.40, 0.10, 1.60, _OPENAI, "2025-06"),
     "gpt-4.1-nano": ModelPrice(0.10, 0.025, 0.40, _OPENAI, "2025-06"),
     "o3": ModelPrice(2.00, 0.50, 8.00, _OPENAI, "2025-06"),
+    "o3-mini": ModelPrice(1.10, 0.55, 4.40, _OPENAI, "2025-06"),
     "o4-mini": ModelPrice(1.10, 0.275, 4.40, _OPENAI, "2025-06"),
     "gpt-3.5-turbo-instruct": ModelPrice(1.50, 1.50, 2.00, _OPENAI, "2025-06"),
     "text-embedding-3-small": ModelPrice(0.02, 0.02, 0.0, _OPENAI, "2025-06"),
@@ -60,11 +62,24 @@ PRICES: dict[str, ModelPrice] = {
     "claude-3-5-haiku": ModelPrice(0.80, 0.08, 4.00, _ANTHROPIC, "2025-06"),
     "claude-sonnet-4": ModelPrice(3.00, 0.30, 15.00, _ANTHROPIC, "2025-06"),
     "claude-opus-4": ModelPrice(15.00, 1.50, 75.00, _ANTHROPIC, "2025-06"),
+    "claude-opus-4-1": ModelPrice(15.00, 1.50, 75.00, _ANTHROPIC, "2025-11"),
+    # Opus 4.5 is priced at a third of Opus 4 (Anthropic's pricing page, as quoted by
+    # deploybase.ai/articles/claude-api-pricing on 2026-03-21).
+    "claude-opus-4-5": ModelPrice(5.00, 0.50, 25.00, _ANTHROPIC, "2026-03"),
+    "claude-sonnet-4-5": ModelPrice(3.00, 0.30, 15.00, _ANTHROPIC, "2025-11"),
+    "claude-haiku-4-5": ModelPrice(1.00, 0.10, 5.00, _ANTHROPIC, "2025-11"),
     "amazon.nova-micro": ModelPrice(0.035, 0.035, 0.14, _BEDROCK, "2026-12"),
     "amazon.nova-lite": ModelPrice(0.06, 0.06, 0.24, _BEDROCK, "2026-12"),
     "amazon.nova-pro": ModelPrice(0.80, 0.80, 3.20, _BEDROCK, "2026-12"),
 }
 _LONGEST_FIRST = sorted(PRICES, key=len, reverse=True)
+# What may follow a priced name in the name of the same model: Anthropic's "-0"
+# alias, a date stamp, "-latest", a Bedrock version tag. Anything else ("-5" in
+# claude-opus-4-5, "-mini" in o3-mini, "-audio-preview") is another model, at
+# another price, so it is left unpriced rather than priced wrong.
+_SAME_MODEL = re.compile(
+    r"(?:-0)?(?:-[0-9]{8}|-[0-9]{4}-[0-9]{2}-[0-9]{2})?(?:-latest)?(?:-v[0-9]+(?::[0-9]+)?)?"
+)
 
 
 def load_prices(path: str) -> dict[str, ModelPrice]:
@@ -126,7 +141,7 @@ def install_prices(extra: Mapping[str, ModelPrice]) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def price_of(model: str) -> ModelPrice | None:
-    """Exact name first, then the longest entry the name starts with (dated snapshots)."""
+    """Exact name first, then the longest entry of which it is a dated snapshot or alias."""
     name = priced_name(model)
     return PRICES[name] if name is not None else None
 
@@ -140,7 +155,14 @@ def priced_name(model: str) -> str | None:
     """
     if model in PRICES:
         return model
-    return next((name for name in _LONGEST_FIRST if model.startswith(name)), None)
+    return next(
+        (
+            name
+            for name in _LONGEST_FIRST
+            if model.startswith(name) and _SAME_MODEL.fullmatch(model, len(name))
+        ),
+        None,
+    )
 
 
 def cost_of(model: str | None, usage: Mapping[str, int] | None) -> float | None:
