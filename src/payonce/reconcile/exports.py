@@ -39,11 +39,11 @@ from pathlib import Path
 
 from payonce.errors import ConfigError
 from payonce.reconcile.engine import Engine, sql_string
+from payonce.reconcile.loading import MONEY
 from payonce.reconcile.sniff import read_head
 
 __all__ = ["EXPORT_NAMES", "Export", "ExportKind", "create_export_tables", "detect_export"]
 
-MONEY = "DECIMAL(18,10)"
 
 
 class ExportKind(enum.Enum):
