@@ -111,18 +111,7 @@ def reconcile(
         daily=result.breakdowns["day"],
         outliers=result.outliers,
         unmatched=result.unmatched,
-        inputs=tuple(
-            InputSummary(
-                file=item.source.label,
-                side=item.source.side.value,
-                format=item.source.format.name,
-                container=item.source.sniffed.container.value,
-                rows=item.rows,
-                malformed_rows=item.malformed,
-                note=item.note,
-            )
-            for item in loaded
-        ),
+        inputs=tuple(_summary(item) for item in loaded),
         malformed_rows=result.malformed_rows,
         malformed=result.malformed,
         unbilled_calls=result.unbilled_calls,
@@ -130,6 +119,18 @@ def reconcile(
         period_start=result.period[0],
         period_end=result.period[1],
         truncated=dict(result.truncated),
+    )
+
+
+def _summary(item: LoadedSource) -> InputSummary:
+    return InputSummary(
+        file=item.source.label,
+        side=item.source.side.value,
+        format=item.source.format.name,
+        container=item.source.sniffed.container.value,
+        rows=item.rows,
+        malformed_rows=item.malformed,
+        note=item.note,
     )
 
 
@@ -167,18 +168,7 @@ def reconcile_usage(
         # held twice.
         prepared = prepare_usage(engine, options.key_map)
         loaded = [load_source(engine, source, into=prepared.place) for source in sources]
-        summaries[:0] = [
-            InputSummary(
-                file=item.source.label,
-                side="calls",
-                format=item.source.format.name,
-                container=item.source.sniffed.container.value,
-                rows=item.rows,
-                malformed_rows=item.malformed,
-                note=item.note,
-            )
-            for item in loaded
-        ]
+        summaries[:0] = [_summary(item) for item in loaded]
         result = analyse_usage(engine, prepared, options.token_tolerance)
         files = {source.index: source.label for source in sources}
         files.update({export.index: export.label for export in exports})

@@ -233,16 +233,7 @@ _RAW = (
     "billed_input_tokens",
     "billed_cached_input_tokens",
     "billed_output_tokens",
-    "logged_upstream_calls",
-    "duplicate_requests",
-    "logged_input_tokens",
-    "logged_output_tokens",
-    "unknown_usage_calls",
-    "logged_cost_usd",
-    "wasted_cost_usd",
-    "unpriced_calls",
-    "business_requests",
-    "successful_business_requests",
+    *_LOGGED,
 )
 
 # The differences of one cell, from its raw sums and its model's price.
