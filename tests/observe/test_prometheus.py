@@ -17,7 +17,7 @@ sent, and the gateways' call logs.
 Why the values can be checked exactly, not approximately:
 
 * Every counter the queries read exists at 0 from the gateway's start (the metrics
-  pre-create their children) and Prometheus scrapes the gateway at least twice
+  pre-create their children) and Prometheus scrapes the gateway at least once
   before any traffic. ``rate()``/``increase()`` then see the whole increase: a
   series whose first sample is already above 0 loses that first value, and
   Prometheus's extrapolation towards the window's start stops at the counter's zero
