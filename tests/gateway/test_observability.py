@@ -13,6 +13,7 @@ import httpx2 as httpx
 import orjson
 import pytest
 
+from payonce.observe.pricing import PRICES
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 
 NO_PACING = {"X-Sim-Token-Ms": "0"}
@@ -226,7 +227,15 @@ def test_made_up_model_names_add_no_metric_series(
     assert "secret" not in text
     series = _series(text)
     for family in ("payonce_cost_usd_total", "payonce_saved_cost_usd_total"):
-        assert series[family] == {
+        # Every price table entry (built in and --prices) is a series from the start, at 0;
+        # nothing else is. The names the calls were priced as have counts.
+        assert series[family] == {f'model="{name}"' for name in [*PRICES, "acme-tuned"]}, family
+        counted = {
+            match.group(1)
+            for match in re.finditer(rf"^{family}{{(.*)}} (\S+)$", text, re.MULTILINE)
+            if float(match.group(2)) > 0
+        }
+        assert counted == {
             'model="gpt-4o-mini"',
             'model="claude-sonnet-4"',
             'model="acme-tuned"',

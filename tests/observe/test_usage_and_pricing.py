@@ -10,7 +10,7 @@ import pytest
 
 from payonce.gateway.observing import UpstreamFacts
 from payonce.observe.metrics import Metrics, model_label
-from payonce.observe.pricing import cost_of, price_of
+from payonce.observe.pricing import PRICES, cost_of, price_of
 from payonce.observe.usage import model_and_usage
 
 OPENAI = {
@@ -175,7 +175,8 @@ def test_a_thousand_made_up_models_make_no_new_series() -> None:
         for line in text.splitlines()
         if line.startswith(("payonce_cost_usd_total", "payonce_saved_cost_usd_total"))
     }
-    assert labels == {'model="other"'}  # gpt-4o-secret-N is not gpt-4o
+    # The price table's entries (series from the start, at 0) and other: nothing made up.
+    assert labels == {f'model="{name}"' for name in PRICES} | {'model="other"'}
     # The children remembered per raw name are bounded too.
     assert len(metrics._costs) <= 256 and len(metrics._saved_costs) <= 256
 

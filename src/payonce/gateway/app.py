@@ -155,6 +155,8 @@ class Gateway:
         tracing = open_tracing() if settings.otel else None
         self.observer = Observer(self.metrics, call_log, self.clock, tracing)
         self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
+        if tracing is not None:
+            tracing.server = upstream.server
         names = [b"idempotency-key", b"x-idempotency-key"]
         if settings.key_from_request_id:
             names.append(b"x-request-id")
@@ -330,6 +332,8 @@ class Gateway:
                 if local.fingerprint != print_:
                     raise _mismatch(key)
                 local.joined += 1
+                if self.observer.tracing is not None:
+                    self.observer.tracing.joined(record, local.facts)
                 head = await self._join(local, deadline)
                 record.outcome = "joined"
                 try:
@@ -347,6 +351,8 @@ class Gateway:
             if claim.status is ClaimStatus.ACQUIRED:
                 record.outcome = "forwarded"
                 execution = self._execute(claim.record, request)
+                if self.observer.tracing is not None:
+                    self.observer.tracing.start_upstream(execution.facts, record)
                 try:
                     head = await asyncio.shield(execution.head)
                     await self._answer(

@@ -96,6 +96,8 @@ class Observer:
             tenant=tenant,
             started=time.perf_counter(),
         )
+        if self.tracing is not None:
+            self.tracing.start_request(record, headers)
         for name, value in headers:
             if name == b"x-stainless-retry-count":
                 with contextlib.suppress(ValueError):
@@ -151,7 +153,7 @@ class Observer:
     def upstream_call(self, facts: UpstreamFacts, path: str) -> None:
         """Count one upstream call: its status, latency, tokens and cost."""
         if self.tracing is not None:
-            self.tracing.upstream(facts, path, facts.started)
+            self.tracing.upstream(facts, path)
         if self.metrics is not None:
             self.metrics.upstream_call(facts)
 

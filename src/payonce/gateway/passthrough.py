@@ -90,6 +90,8 @@ class PassThrough:
         self, request: ProxiedRequest, send: Send, record: CallRecord
     ) -> None:
         facts = UpstreamFacts(started=time.perf_counter())
+        if self.observer.tracing is not None:
+            self.observer.tracing.start_upstream(facts, record)
         try:
             await self._relay_unkeyed(request, send, facts)
         except asyncio.CancelledError:

@@ -94,6 +94,11 @@ class Upstream:
         self._backoff = backoff
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def server(self) -> tuple[str, int]:
+        """The upstream's host and port (``server.address`` and ``server.port`` of spans)."""
+        return str(self._base.host), int(self._base.port or 0)
+
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=15)
         self._session = aiohttp.ClientSession(

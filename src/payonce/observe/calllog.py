@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
@@ -75,6 +75,8 @@ class CallRecord:
     upstream_cancelled: bool = False
     # The response's head went out: from then on an error can only break the body.
     response_started: bool = False
+    # Its OpenTelemetry span while the request is answered (observe/tracing.py), else None.
+    span: Any = None
 
     @property
     def unprotected_retry(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["UpstreamFacts"]
 
@@ -27,6 +28,8 @@ class UpstreamFacts:
     started: float = 0.0  # time.perf_counter() when the call began
     # The gateway stopped the call (its client left, --on-disconnect cancel).
     cancelled: bool = False
+    # Its OpenTelemetry span while the call runs (observe/tracing.py), else None.
+    span: Any = None
 
     def sent(self, attempts: int) -> None:
         """Note that attempt number ``attempts`` is being sent (connect retries count)."""

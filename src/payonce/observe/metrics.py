@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from payonce.observe.pricing import priced_name
+from payonce.observe.pricing import PRICES, priced_name
 
 if TYPE_CHECKING:
     from payonce.observe.calllog import CallRecord
@@ -49,6 +49,11 @@ _OVERHEAD_BUCKETS = (
 # Distinct raw model names whose counter children are remembered, before the
 # memory starts again (callers choose model names, so they are unbounded).
 _MODEL_CHILDREN = 256
+# Upstream statuses counted from 0 when the gateway starts (None: no response,
+# -1: cancelled); any other status gets its series when it first happens.
+_UPSTREAM_STATUSES = (
+    200, 400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 502, 503, 504, 529, None, -1,
+)  # fmt: skip
 
 
 def model_label(model: str | None) -> str:
@@ -202,7 +207,7 @@ class Metrics:
             registry=registry,
         )
         self.upstream_in_flight = Gauge(
-            "payonce_upstream_in_flight",
+            "payonce_upstream_in_flight_calls",
             "Keyed upstream runs in progress in this process.",
             registry=registry,
         )
@@ -230,6 +235,17 @@ class Metrics:
         self._costs: dict[str | None, Any] = {}
         self._upstream_statuses: dict[int | None, Any] = {}
         self._answered: dict[tuple[str, int], int] = {}  # (outcome, status) -> requests
+        # Series that exist at 0 from the start: Prometheus's rate() and increase()
+        # take a series' first sample as its starting point, so a child created with
+        # its first counts in it would lose them (after every restart, the first
+        # scrape interval's spend of each model). The label values known in advance
+        # are: every price table entry (built in and --prices, installed before the
+        # gateway is built) and the usual upstream statuses.
+        for name in PRICES:
+            self.cost.labels(name)
+            self.saved_cost.labels(name)
+        for status in _UPSTREAM_STATUSES:
+            self.upstream_child(status)
 
     def cost_of(self, model: str | None) -> Any:
         """The cost counter of ``model``, labelled :func:`model_label` (children cached)."""
