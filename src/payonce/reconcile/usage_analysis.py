@@ -88,7 +88,7 @@ _PLACED_COLUMNS = """
 src INTEGER, pos BIGINT, reason VARCHAR, hb UBIGINT, business_id VARCHAR,
 ts TIMESTAMPTZ, success BOOLEAN, cost DECIMAL(18,10), input_tokens BIGINT,
 output_tokens BIGINT, model VARCHAR, provider VARCHAR, cost_provider VARCHAR,
-upstream_call BOOLEAN, bucket TIMESTAMPTZ, kd VARCHAR, outside VARCHAR
+upstream_call BOOLEAN, bucket BIGINT, cost_bucket BIGINT, kd VARCHAR, outside VARCHAR
 """
 
 _PLACED = """
@@ -103,12 +103,13 @@ SELECT c.src, c.pos, c.reason, hash(c.business_id) AS hb, c.business_id, c.ts, c
                      AND c.outcome IS NULL THEN c.success
                 ELSE coalesce(c.upstream_status BETWEEN 200 AND 299, false)
                      OR coalesce(c.upstream_cancelled, false) END AS upstream_call,
-       b.bucket_start AS bucket,
-       CASE WHEN p.keyed THEN coalesce(k.target, {unmapped}) ELSE '*' END AS kd,
+       {bucket} AS bucket,
+       {cost_bucket} AS cost_bucket,
+       {kd} AS kd,
        CASE WHEN c.provider IS NULL THEN 'endpoints the usage reports do not cover'
-            WHEN g.origin IS NULL THEN 'no usage report for their provider'
+            WHEN NOT ({gridded}) THEN 'no usage report for their provider'
             WHEN c.ts IS NULL THEN 'no timestamp'
-            WHEN b.bucket_start IS NULL THEN 'outside the usage reports'' buckets' END AS outside
+            WHEN {bucket} IS NULL THEN 'outside the usage reports'' buckets' END AS outside
 FROM (
     SELECT *,
            CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
@@ -120,12 +121,7 @@ FROM (
                 WHEN endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider
     FROM ({relation})
 ) c
-LEFT JOIN grid g ON g.provider = c.provider AND g.usage
-LEFT JOIN report_buckets b ON b.usage AND b.provider = c.provider
-    AND b.k = (epoch_us(c.ts) - g.origin * 1000000) // (g.width * 1000000)
-    AND c.ts >= b.bucket_start AND c.ts < b.bucket_end
-LEFT JOIN providers p ON p.provider = c.provider
-LEFT JOIN keymap k ON k.tenant = c.tag
+{keymap_join}
 """
 
 # Business requests with several lines, found by a 64-bit hash first (integers
@@ -151,7 +147,7 @@ FROM multi m JOIN per_business b USING (business_id);
 
 _CELLS = """
 CREATE TABLE logged_models AS
-SELECT provider, bucket, model, kd,
+SELECT provider, bucket, NULL::TIMESTAMPTZ AS bucket_start, model, kd,
        count(*) FILTER (upstream_call) AS logged_upstream_calls,
        -- Every retry sent without a key (no business id) duplicates an unnamed call.
        count(*) FILTER (upstream_call AND (business_id IS NULL OR coalesce(f.dup, false)))
@@ -172,12 +168,17 @@ SELECT provider, bucket, model, kd,
 FROM (SELECT rowid AS rid, * FROM placed) LEFT JOIN flags f USING (rid)
 WHERE outside IS NULL GROUP BY ALL;
 
+-- Bucket numbers back to the buckets' starts, now that there are few rows.
+UPDATE logged_models SET bucket_start = b.bucket_start
+FROM report_buckets b WHERE b.usage AND b.provider = logged_models.provider
+    AND b.k = logged_models.bucket;
+
 CREATE TABLE model_keys AS
 SELECT model, coalesce(model_key(model), {unknown}) AS mk
 FROM (SELECT DISTINCT model FROM logged_models UNION SELECT DISTINCT model FROM billed_rows);
 
 CREATE TABLE logged AS
-SELECT provider, bucket, CASE WHEN p.by_model THEN m.mk ELSE '*' END AS mk, kd,
+SELECT provider, bucket_start AS bucket, CASE WHEN p.by_model THEN m.mk ELSE '*' END AS mk, kd,
        {logged_sums}
 FROM logged_models l JOIN model_keys m ON m.model IS NOT DISTINCT FROM l.model
 JOIN providers p USING (provider) GROUP BY ALL;
@@ -301,13 +302,11 @@ WITH days AS (
     SELECT provider, bucket_start, bucket_end, sum(amount_usd) AS billed
     FROM cost_rows GROUP BY ALL
 ), spent AS (
-    SELECT s.cost_provider AS provider, b.bucket_start, sum(s.cost) AS logged
-    FROM placed s
-    JOIN grid g ON g.provider = s.cost_provider AND NOT g.usage
+    SELECT b.provider, b.bucket_start, s.logged
+    FROM (SELECT cost_provider, cost_bucket, sum(cost) AS logged FROM placed
+          WHERE upstream_call AND cost_bucket IS NOT NULL GROUP BY ALL) s
     JOIN report_buckets b ON NOT b.usage AND b.provider = s.cost_provider
-        AND b.k = (epoch_us(s.ts) - g.origin * 1000000) // (g.width * 1000000)
-        AND s.ts >= b.bucket_start AND s.ts < b.bucket_end
-    WHERE s.upstream_call GROUP BY ALL
+        AND b.k = s.cost_bucket
 )
 SELECT b.provider, b.bucket_start, coalesce(d.billed, 0) AS billed,
        coalesce(s.logged, 0) AS logged
@@ -341,12 +340,65 @@ class Prepared:
     providers: list[tuple[str, bool]]
     notes: tuple[str, ...]
     only_provider: str
+    grids: tuple[_Grid, ...]
 
     def place(self, relation: str) -> str:
-        """The SELECT appending one call log's normalized rows to ``placed``."""
+        """The SELECT appending one call log's normalized rows to ``placed``.
+
+        A call finds its bucket by arithmetic on constants (the report's origin and
+        width), not by a join: joining a hundred million calls with the buckets was
+        most of the time.
+        """
+        usage = [grid for grid in self.grids if grid.usage]
+        costs = [grid for grid in self.grids if not grid.usage]
+        gridded = " OR ".join(f"c.provider = {sql_string(g.provider)}" for g in usage) or "false"
+        keyed = "coalesce(k.target, " + sql_string(UNMAPPED) + ")" if self.key_map else "'*'"
+        join = "LEFT JOIN keymap k ON k.tenant = c.tag" if self.key_map else ""
         return _PLACED.format(
-            relation=relation, unmapped=sql_string(UNMAPPED), only_provider=self.only_provider
+            relation=relation,
+            only_provider=self.only_provider,
+            bucket=_bucket_of("c.provider", usage),
+            cost_bucket=_bucket_of("c.cost_provider", costs),
+            gridded=gridded,
+            kd=f"CASE WHEN c.provider IS NOT NULL THEN {keyed} END" if self.key_map else "'*'",
+            keymap_join=join,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Grid:
+    """One report's buckets: ``origin + k x width`` seconds, for k in ``first..last``."""
+
+    provider: str
+    usage: bool
+    origin: int
+    width: int
+    first: int
+    last: int
+    end: Any  # the last bucket's end (it may be shorter)
+    contiguous: bool
+
+
+def _bucket_of(provider: str, grids: list[_Grid]) -> str:
+    """SQL for a call's bucket number k on its provider's grid, NULL outside it."""
+    if not grids:
+        return "NULL::BIGINT"
+    cases = []
+    for grid in grids:
+        k = f"(epoch_us(c.ts) - {grid.origin * 1_000_000}) // {grid.width * 1_000_000}"
+        inside = (
+            f"c.ts >= to_timestamp({grid.origin}) AND c.ts < {sql_string(grid.end.isoformat())}"
+            "::TIMESTAMPTZ"
+        )
+        if not grid.contiguous:
+            # A report with holes: only the buckets it has (rare: the APIs answer
+            # every bucket of the range, empty ones too).
+            inside += (
+                f" AND {k} IN (SELECT k FROM report_buckets WHERE provider ="
+                f" {sql_string(grid.provider)} AND usage = {grid.usage})"
+            )
+        cases.append(f"WHEN {provider} = {sql_string(grid.provider)} AND {inside} THEN {k}")
+    return "CASE " + " ".join(cases) + " END"
 
 
 def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
@@ -366,11 +418,19 @@ def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
         )
     )
     engine.execute(f"CREATE TABLE placed ({_PLACED_COLUMNS})")
+    grids = tuple(
+        _Grid(str(p), bool(u), int(o), int(w), int(a), int(b), end, int(n) == int(b) - int(a) + 1)
+        for p, u, o, w, a, b, end, n in engine.rows(
+            "SELECT provider, usage, g.origin, g.width, min(k), max(k), max(bucket_end), count(*)"
+            " FROM report_buckets JOIN grid g USING (provider, usage) GROUP BY ALL"
+        )
+    )
     return Prepared(
         key_map=key_map,
         providers=providers,
         notes=notes,
         only_provider=sql_string(only[0]) if len(only) == 1 else "NULL",
+        grids=grids,
     )
 
 
