@@ -64,7 +64,7 @@ ABANDONED = "abandoned"
 
 
 def record_document(record: Record, now: float) -> dict[str, object]:
-    """The status document of one record at ``now`` (docs/gateway.md, "The gateway's own endpoints").
+    """The status document of one record at ``now`` (docs/gateway.md, "own endpoints").
 
     ``state`` is ``in_progress``, ``completed``, or ``abandoned``: in progress
     but its lease lapsed (its holder died or froze), so nobody runs it and a
