@@ -10,6 +10,7 @@ figures against the simulator's ledger.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import time
 import uuid
@@ -165,6 +166,75 @@ def test_the_body_id_is_the_request_id_when_the_upstream_sends_no_header(
     report = reconcile([log], [_bill(fresh_sim, tmp_path / "bill.csv")])
     assert report.totals.unmatched_bill_lines == 0
     assert report.totals.business_requests == report.totals.successful_business_requests == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_replays_and_the_status_endpoint_carry_the_body_id_when_no_header_did(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path, stream: bool
+) -> None:
+    # A stream's replay read the id from the stored headers only: its call log
+    # line had none, and the status endpoint never said which call it was.
+    log = tmp_path / "calls.jsonl"
+    gateway = start_gateway("--call-log", str(log))
+    key = f"noid-replay-{uuid.uuid4()}"
+    headers = {"X-Sim-No-Request-Id": "1", "X-Sim-Token-Ms": "0"}
+    body = {**CHAT, "stream": True} if stream else CHAT
+    first = chat(gateway.url, key, body=body, headers=headers)
+    again = chat(gateway.url, key, body=body, headers=headers)
+    assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+    (entry,) = fresh_sim.ledger()["entries"]
+    status = httpx.get(f"{gateway.url}/_payonce/requests/{key}", headers=AUTH, timeout=10)
+    assert status.json()["upstream_request_id"] == entry["provider_request_id"]
+    lines = _lines(gateway, log)
+    assert [line["outcome"] for line in lines] == ["forwarded", "replayed"]
+    assert [line["upstream_request_id"] for line in lines] == [entry["provider_request_id"]] * 2
+
+
+def test_the_status_endpoint_names_the_provider_request_id_from_its_header(
+    gateway: Process, fresh_sim: Sim
+) -> None:
+    key = f"withid-{uuid.uuid4()}"
+    response = chat(gateway.url, key)
+    status = httpx.get(f"{gateway.url}/_payonce/requests/{key}", headers=AUTH, timeout=10)
+    assert status.json()["upstream_request_id"] == response.headers["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("keyed", None),
+        ("whole", None),
+        ("not-requested", "not_requested"),
+        ("unkeyed", "not_read"),
+        ("broken", "no_response"),
+    ],
+)
+def test_the_call_log_says_why_a_stream_has_no_usage(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path, case: str, reason: str | None
+) -> None:
+    # Unknown usage is logged as null tokens, never a made-up count, and the line
+    # says why (llama.cpp's server sends no usage chunk: tests/upstreams).
+    log = tmp_path / "calls.jsonl"
+    flags = ["--no-inject-stream-usage"] if case == "not-requested" else []
+    gateway = start_gateway("--call-log", str(log), *flags)
+    key = None if case == "unkeyed" else f"why-{case}-{uuid.uuid4()}"
+    headers = {"X-Sim-Token-Ms": "0"}
+    if case == "broken":
+        headers["X-Sim-Die-After"] = "2"
+    body = CHAT if case == "whole" else {**CHAT, "stream": True}
+    with contextlib.suppress(httpx.TransportError):  # the broken stream
+        chat(gateway.url, key, body=body, headers=headers)
+    if case == "not-requested":
+        assert chat(gateway.url, key, body=body, headers=headers).status_code == 200  # replayed
+    lines = _lines(gateway, log)
+    assert [line["usage_missing_reason"] for line in lines] == [reason] * len(lines)
+    for line in lines:
+        if reason is not None:
+            assert line["input_tokens"] is None and line["output_tokens"] is None
+            # Unknown, not free: a replay costs 0, and what it saved is unknown too.
+            assert line["cost_usd" if line["outcome"] != "replayed" else "saved_usd"] is None
+        else:
+            assert line["output_tokens"] == fresh_sim.ledger()["entries"][0]["output_tokens"]
 
 
 def test_a_keyed_stream_whose_client_left_is_logged_when_its_run_ends_with_its_cost(

@@ -35,6 +35,7 @@ def test_status_document_of_a_completed_request(gateway: Process, fresh_sim: Sim
         "replays",
         "usage",
         "cost_usd",
+        "upstream_request_id",
         "events",
     }
     assert doc["events"] is None, "not a stream"

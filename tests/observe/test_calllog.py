@@ -40,7 +40,7 @@ def test_a_line_is_one_json_object_with_exactly_the_documented_fields_in_order()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     document = orjson.loads(line)
     assert list(document) == documented_fields()
-    assert len(documented_fields()) == 27
+    assert len(documented_fields()) == 28
 
 
 def test_every_field_of_a_forwarded_request() -> None:
@@ -82,6 +82,7 @@ def test_every_field_of_a_forwarded_request() -> None:
         "output_tokens": 7,
         "cached_input_tokens": 1,
         "reasoning_tokens": None,
+        "usage_missing_reason": None,
         "cost_usd": 0.00125,
         "saved_usd": None,
         "latency_ms": 2.123,

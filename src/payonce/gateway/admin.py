@@ -27,6 +27,7 @@ from payonce.errors import (
 from payonce.gateway.asgi import Receive, Scope, Send, send_json
 from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
+from payonce.gateway.observing import stored_request_id
 from payonce.gateway.relay import relay_stored, send_whole
 from payonce.observe.metrics import CONTENT_TYPE_LATEST
 from payonce.store import Record, RecordState
@@ -78,6 +79,8 @@ def record_document(record: Record, now: float) -> dict[str, object]:
         "replays": record.replays,
         "usage": dict(record.usage) if record.usage is not None else None,
         "cost_usd": record.cost_usd,
+        # The provider's id of the call (read from the stored response by the caller).
+        "upstream_request_id": None,
         # A stream's progress: events recorded so far (null for a whole response).
         "events": record.events if record.streaming else None,
     }
@@ -183,6 +186,10 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
             record = await _lookup(gateway, tenant, key, wait)
             document = record_document(record, gateway.clock.now())
             local = gateway.running.get((tenant, key))
+            if local is not None and local.facts.request_id is not None:
+                document["upstream_request_id"] = local.facts.request_id
+            else:
+                document["upstream_request_id"] = await stored_request_id(gateway.store, record)
             if local is not None and isinstance(local.head_value, LiveStream):
                 # Fresher than the store, which is written in batches.
                 document["events"] = len(local.head_value.events)

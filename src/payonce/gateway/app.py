@@ -65,12 +65,14 @@ from payonce.gateway.observing import (
     model_of,
     outcome_of,
     provider_request_id,
+    stored_request_id,
 )
 from payonce.gateway.passthrough import PassThrough
 from payonce.gateway.pending import PendingWrites
 from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
+from payonce.gateway.sse import StreamId, not_asked_for_usage
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.metrics import Metrics
@@ -369,10 +371,30 @@ class Gateway:
                 # Completed, or being recorded by another process: its events.
                 self.replay_counts.add(tenant, key)
                 record.outcome = "replayed" if claim.status is ClaimStatus.COMPLETED else "joined"
+                if facts.usage is None and not_asked_for_usage(
+                    request.raw_path, request.body, settings.inject_stream_usage
+                ):
+                    facts.usage_missing = "not_requested"
+                if facts.request_id is None and after:
+                    # Resumed: the first events, which carry the provider's id, are not relayed.
+                    facts.request_id = await stored_request_id(self.store, stored)
+                # Without a request-id header, the id is in the events relayed first.
+                stream_id = StreamId() if facts.request_id is None else None
                 self.observer.apply(record, facts, saved=True)
-                await relay_stored(
-                    send, receive, self.store, stored, _JOINED, after, clock=self.clock
-                )
+                try:
+                    await relay_stored(
+                        send,
+                        receive,
+                        self.store,
+                        stored,
+                        _JOINED,
+                        after,
+                        clock=self.clock,
+                        seen=stream_id.feed_events if stream_id is not None else None,
+                    )
+                finally:
+                    if stream_id is not None:
+                        record.upstream_request_id = stream_id.value
                 return None
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)

@@ -22,7 +22,7 @@ from payonce.gateway.observing import UpstreamFacts, provider_request_id
 from payonce.gateway.pending import PendingWrites
 from payonce.gateway.recording import record_stream, release_quietly
 from payonce.gateway.request import ProxiedRequest
-from payonce.gateway.sse import ask_for_usage, is_event_stream
+from payonce.gateway.sse import ask_for_usage, is_event_stream, not_asked_for_usage
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_usage_and_id
@@ -153,6 +153,10 @@ async def run_execution(
                         until=until,
                     )
                     facts.latency = time.perf_counter() - started
+                    if facts.usage is None and not_asked_for_usage(
+                        request.raw_path, body, inject_stream_usage
+                    ):
+                        facts.usage_missing = "not_requested"
                     return stored
                 outcome = UpstreamResponse(response.status, response.headers, await response.read())
         except ProblemError as exc:

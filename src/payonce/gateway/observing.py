@@ -24,12 +24,22 @@ from payonce.errors import (
     RequestInProgress,
 )
 from payonce.gateway.asgi import Message, Send
+from payonce.gateway.sse import first_stream_id
 from payonce.observe.calllog import CallLog, CallRecord
 from payonce.observe.facts import UpstreamFacts
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import Tracing
+from payonce.observe.usage import model_usage_and_id
+from payonce.store import Record, Store
 
-__all__ = ["Observer", "UpstreamFacts", "model_of", "outcome_of", "provider_request_id"]
+__all__ = [
+    "Observer",
+    "UpstreamFacts",
+    "model_of",
+    "outcome_of",
+    "provider_request_id",
+    "stored_request_id",
+]
 
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 _ids = random.Random()
@@ -57,6 +67,24 @@ def provider_request_id(headers: tuple[tuple[str, str], ...]) -> str | None:
         if found is None and lowered in ("x-request-id", "request-id", "x-amzn-requestid"):
             found = value
     return found
+
+
+async def stored_request_id(store: Store, record: Record) -> str | None:
+    """The provider's request id of a stored response, as its call was logged.
+
+    A request id header, else the body's ``id``, else (a stream) the first
+    ``id`` among its first events: llama.cpp's server, and many self-hosted
+    ones, send no header.
+    """
+    response = record.response
+    if response is None:
+        return None
+    found = provider_request_id(response.headers)
+    if found is not None:
+        return found
+    if not response.stream:
+        return model_usage_and_id(response.body, response.headers)[2]
+    return first_stream_id(await store.read_events(record.tenant, record.key))
 
 
 def outcome_of(error: ProblemError) -> str:
@@ -132,6 +160,7 @@ class Observer:
         record.upstream_request_id = facts.request_id
         record.model = record.model or facts.model
         record.usage = dict(facts.usage) if facts.usage is not None else None
+        record.usage_missing_reason = facts.usage_missing_reason()
         record.stream = facts.stream
         if saved:
             record.saved_usd = facts.cost_usd

@@ -123,7 +123,9 @@ class PassThrough:
                 await send_whole(send, StoredResponse(response.status, response.headers, body), VIA)
                 return
             facts.stream = True
-            # A stream nobody can claim: relayed chunk by chunk, nothing recorded.
+            # A stream nobody can claim: relayed chunk by chunk, nothing recorded
+            # and its usage not read.
+            facts.usage_missing = "not_read"
             headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
             headers.append(VIA)
             await send(

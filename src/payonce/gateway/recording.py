@@ -148,6 +148,7 @@ async def record_stream(
         await take(splitter.close())
     except ProblemError as exc:
         log.warning("the upstream stream of key %r broke off: %s", key, exc.detail)
+        facts.usage_missing = "no_response"
         on_last_event()
         live.finish(failed=True)
         await release_quietly(store, tenant, key, token, pending, until)

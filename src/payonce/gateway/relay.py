@@ -66,7 +66,11 @@ async def _start_stream(
 
 
 async def _pump(
-    send: Send, batches: AsyncGenerator[list[bytes]], after: int, gone: Callable[[], bool]
+    send: Send,
+    batches: AsyncGenerator[list[bytes]],
+    after: int,
+    gone: Callable[[], bool],
+    seen: Callable[[list[bytes]], object] | None = None,
 ) -> bool:
     """Send numbered batches; False when the client left or the source broke off."""
     number = after
@@ -75,6 +79,8 @@ async def _pump(
         # counts its followers in the generator's finally).
         async with contextlib.aclosing(batches):
             async for batch in batches:
+                if seen is not None:
+                    seen(batch)
                 parts = []
                 for event in batch:
                     number += 1
@@ -114,18 +120,20 @@ async def relay_stored(
     after: int,
     clock: Clock,
     poll: float = 1.0,
+    seen: Callable[[list[bytes]], object] | None = None,
 ) -> None:
     """Relay a recorded stream: complete, or still being recorded by another process.
 
     A stream whose run is released, taken over, or abandoned (its holder's lease
     lapsed: nobody will record another event) ends broken, like one whose
-    upstream died, so that its client retries.
+    upstream died, so that its client retries. ``seen`` is shown each batch of
+    events before it is sent.
     """
     assert record.response is not None
     await _start_stream(send, record.response.status, record.response.headers, marker)
     batches = _stored_batches(store, record, after, poll, clock)
     with watch_disconnect(receive) as gone:
-        if await _pump(send, batches, after, gone):
+        if await _pump(send, batches, after, gone, seen):
             await send({"type": "http.response.body", "body": b""})
 
 

@@ -10,6 +10,7 @@ SDKs ignore the field, and a client that reconnects sends it back as
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import orjson
 
@@ -20,7 +21,9 @@ __all__ = [
     "StreamId",
     "StreamUsage",
     "ask_for_usage",
+    "first_stream_id",
     "is_event_stream",
+    "not_asked_for_usage",
     "numbered",
 ]
 
@@ -60,6 +63,19 @@ class StreamId:
         self.seen += len(data)
         self.done = self.seen >= _ID_SCAN_BYTES
         return self.done
+
+    def feed_events(self, events: Iterable[bytes]) -> None:
+        """Look at whole events until the id is found or the scan gave up."""
+        for event in events:
+            if self.done or self.feed(event):
+                return
+
+
+def first_stream_id(events: Iterable[bytes]) -> str | None:
+    """The provider's id in a recorded stream's first events (see :class:`StreamId`)."""
+    stream_id = StreamId()
+    stream_id.feed_events(events)
+    return stream_id.value
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -198,3 +214,11 @@ def ask_for_usage(path: str, body: bytes) -> bytes | None:
         return None  # malformed: let the upstream answer it as it would
     document["stream_options"] = {**(options or {}), "include_usage": True}
     return orjson.dumps(document)
+
+
+def not_asked_for_usage(path: str, body: bytes, inject_stream_usage: bool) -> bool:
+    """Nobody asked this OpenAI-style stream for its usage (``--no-inject-stream-usage``).
+
+    Only then is a stream without usage not the upstream's omission.
+    """
+    return not inject_stream_usage and ask_for_usage(path, body) is not None

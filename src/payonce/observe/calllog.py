@@ -63,6 +63,8 @@ class CallRecord:
     upstream_attempts: int = 0
     client_retry: int | None = None
     usage: dict[str, int] | None = None
+    # Why ``usage`` is null although an upstream call was made or replayed.
+    usage_missing_reason: str | None = None
     cost_usd: float | None = None
     saved_usd: float | None = None
     upstream_latency: float | None = None
@@ -122,6 +124,7 @@ class CallRecord:
                 "output_tokens": output_tokens,
                 "cached_input_tokens": cached,
                 "reasoning_tokens": reasoning,
+                "usage_missing_reason": self.usage_missing_reason,
                 "cost_usd": self.cost_usd,
                 "saved_usd": self.saved_usd,
                 # round(x * 1000, 3) is slower than all the rest of a field: integers.

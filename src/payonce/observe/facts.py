@@ -30,6 +30,19 @@ class UpstreamFacts:
     cancelled: bool = False
     # Its OpenTelemetry span while the call runs (observe/tracing.py), else None.
     span: Any = None
+    # Why ``usage`` is unknown, when the call's path knows better than
+    # :meth:`usage_missing_reason` can tell (docs/call-log.md).
+    usage_missing: str | None = None
+
+    def usage_missing_reason(self) -> str | None:
+        """Why this call's usage is unknown (``None`` when it is known)."""
+        if self.usage is not None:
+            return None
+        if self.usage_missing is not None:
+            return self.usage_missing
+        if self.cancelled or self.status is None:
+            return "no_response"  # nothing came back whole: no usage to read
+        return "not_in_response"
 
     def sent(self, attempts: int) -> None:
         """Note that attempt number ``attempts`` is being sent (connect retries count)."""
