@@ -222,9 +222,8 @@ def main() -> None:
             f" peak RSS {result['peak_rss_mib']:.0f} MiB; figures exact"
             f" (load average {load:.2f} at the end)"
         )
-        print(
-            f"max RSS of this script: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
-        )
+        max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"max RSS of this script: {max_rss_mib:.0f} MiB")
     finally:
         if args.keep:
             print(f"data kept in {directory}")

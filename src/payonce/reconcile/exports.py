@@ -45,7 +45,6 @@ from payonce.reconcile.sniff import read_head
 __all__ = ["EXPORT_NAMES", "Export", "ExportKind", "create_export_tables", "detect_export"]
 
 
-
 class ExportKind(enum.Enum):
     """The four aggregated reports (their ``--bill-format`` names)."""
 
