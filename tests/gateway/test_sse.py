@@ -58,6 +58,26 @@ def test_openai_usage_chunk_is_captured_and_flagged() -> None:
     assert usage.usage == {"input_tokens": 5, "output_tokens": 7}
 
 
+def test_litellm_usage_chunk_with_an_empty_choice_is_flagged() -> None:
+    # What the LiteLLM proxy (1.108.7) relays for OpenAI's choices: [] usage chunk.
+    usage = StreamUsage()
+    finish = b'data: {"id":"c","model":"m","choices":[{"finish_reason":"stop","index":0,"delta":{}}]}\n\n'
+    final = b'data: {"id":"c","model":"m","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":1,"completion_tokens":16,"cost":9.75e-6}}\n\n'
+    assert usage.inspect(finish) is False
+    assert usage.inspect(final) is True
+    assert usage.usage == {"input_tokens": 1, "output_tokens": 16}
+    # A choice that still says something keeps its chunk, usage or not.
+    for choice in (
+        {"index": 0, "delta": {"content": "hi"}},
+        {"index": 0, "delta": {}, "finish_reason": "stop"},
+        {"index": 0, "text": "hi"},
+        {"index": 0, "delta": {}, "logprobs": {"content": []}},
+        {"index": 0, "delta": {}, "refusal": None},
+    ):
+        chunk = {"id": "c", "choices": [choice], "usage": {"prompt_tokens": 1}}
+        assert StreamUsage().inspect(b"data: " + orjson.dumps(chunk) + b"\n\n") is False, choice
+
+
 def test_anthropic_usage_from_message_start_and_delta() -> None:
     usage = StreamUsage()
     start = {

@@ -190,3 +190,27 @@ def test_an_internal_error_is_a_finding_not_a_crash(
     path.write_text("import openai\n")
     (finding,) = lint_file(str(path), FileKind.PYTHON)
     assert finding.code == "PO901" and "internal error" in finding.message
+
+
+def test_litellm_default_retries_name_the_deployments_that_get_them() -> None:
+    path = FIXTURES / "configs/litellm_defaults.yaml"
+    by_line = {int(text.split(":")[0]): text for text in messages(path, "PO503")}
+    default = by_line[3]
+    # gpt-4o-mini and o3 set their own (an environment reference counts: it is set).
+    assert "num_retries is set nowhere for gpt-4o (" in default
+    assert "retries each failed call 2 times by default: 3 x 3" in default
+    assert "router_settings: num_retries: 0" in default
+    assert "router_settings.retry_policy.TimeoutErrorRetries: 2" in by_line[17]
+    assert "whatever num_retries says" in by_line[17]
+    assert "model_group_retry_policy.gpt-4o-mini.DefaultRetries: 1" in by_line[22]
+
+
+def test_litellm_proxy_wide_num_retries_silences_the_default() -> None:
+    # litellm_clean.yml sets litellm_settings.num_retries: 0 and nothing per deployment.
+    assert messages(FIXTURES / "configs/litellm_clean.yml", "PO503") == []
+    (text,) = [
+        t
+        for t in messages(FIXTURES / "configs/litellm_config.yaml", "PO503")
+        if "router_settings" in t
+    ]
+    assert "3 x 1 (proxy SDK) x 3 (callers' default max_retries=2) = 9 billed calls" in text

@@ -136,11 +136,11 @@ def _data_json(event: bytes) -> object:
 class StreamUsage:
     """Token usage gathered from a stream's events (OpenAI and Anthropic shapes).
 
-    OpenAI sends it in a last chunk (``choices: []``) when
-    ``stream_options.include_usage`` is set; its Responses API in the response
-    object of ``response.completed`` (``response.incomplete``, ``response.failed``).
-    Anthropic sends input tokens in ``message_start`` and the output count in
-    ``message_delta``.
+    OpenAI sends it in a last chunk (``choices: []``; through the LiteLLM proxy,
+    one choice with an empty delta) when ``stream_options.include_usage`` is set;
+    its Responses API in the response object of ``response.completed``
+    (``response.incomplete``, ``response.failed``). Anthropic sends input tokens
+    in ``message_start`` and the output count in ``message_delta``.
     """
 
     def __init__(self) -> None:
@@ -178,7 +178,7 @@ class StreamUsage:
             usage = message.get("usage") if isinstance(message, dict) else None
         if isinstance(usage, dict):
             self._merge(usage)
-            return document.get("choices") == []
+            return _nothing_but_usage(document.get("choices"))
         return False
 
     def _merge(self, usage: dict[str, object]) -> None:
@@ -190,6 +190,28 @@ class StreamUsage:
         else:
             # Anthropic: message_delta's output count replaces message_start's.
             self.usage.update({k: v for k, v in normalised.items() if v or k not in self.usage})
+
+
+_EMPTY_CHOICE_FIELDS = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
+
+
+def _nothing_but_usage(choices: object) -> bool:
+    """Whether a chunk's ``choices`` say nothing, so the chunk is there for its usage.
+
+    OpenAI's usage chunk has ``choices: []``; the LiteLLM proxy relays it as one
+    choice with an empty delta (``[{"index": 0, "delta": {}}]``).
+    """
+    if not isinstance(choices, list):
+        return False
+    return all(
+        isinstance(choice, dict)
+        and choice.keys() <= _EMPTY_CHOICE_FIELDS
+        and not choice.get("delta")
+        and not choice.get("text")
+        and choice.get("finish_reason") is None
+        and choice.get("logprobs") is None
+        for choice in choices
+    )
 
 
 def ask_for_usage(path: str, body: bytes) -> bytes | None:

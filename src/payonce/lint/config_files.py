@@ -24,6 +24,16 @@ _CALLER_ATTEMPTS = SDK_DEFAULT_RETRIES + 1
 _NGINX_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _ENVOY_DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+# LiteLLM's Router: num_retries when nothing sets it (openai.DEFAULT_MAX_RETRIES), and
+# the retry-policy fields whose errors can come after the provider generated and billed
+# (a timeout, a 500 or 503 from a provider or a proxy, anything else: DefaultRetries).
+_LITELLM_DEFAULT_RETRIES = 2
+_LITELLM_BILLED_RETRY_FIELDS = (
+    "TimeoutErrorRetries",
+    "InternalServerErrorRetries",
+    "ServiceUnavailableErrorRetries",
+    "DefaultRetries",
+)
 _ENVOY_RESENDING = ("5xx", "gateway-error", "reset", "retriable-status-codes")
 _NGINX_MARKERS = ("proxy_pass", "proxy_next_upstream")
 _YAML_MARKERS = (
@@ -328,22 +338,41 @@ def _envoy_text(node: YamlNode) -> str:
 
 
 def _check_litellm(document: YamlNode, path: str) -> list[Finding]:
+    """PO503 and PO301 in a LiteLLM proxy config, judged as LiteLLM's Router resolves them.
+
+    A deployment's ``litellm_params.num_retries`` wins over ``router_settings.num_retries``,
+    which wins over ``litellm_settings.num_retries``; with none of them set, the Router
+    retries a failed call ``_LITELLM_DEFAULT_RETRIES`` times. A ``retry_policy`` (or
+    ``model_group_retry_policy``) in ``router_settings`` wins over all of them for the
+    errors it names. The Router builds its provider SDK clients with ``max_retries: 0``
+    unless a deployment sets its own. (LiteLLM 1.108.7, measured in
+    ``tests/upstreams/test_litellm.py``: a timed-out call is billed once per attempt.)
+    """
     findings: list[Finding] = []
+    configured = False  # a proxy-wide num_retries, whatever its value
     for section in ("litellm_settings", "router_settings"):
         settings = document.get(section)
         if settings is None:
             continue
-        findings.extend(_litellm_retries(settings, f"{section}.num_retries", path, None))
+        configured = configured or settings.get("num_retries") is not None
+        # The Router's SDK clients default to max_retries 0; a deployment that sets more
+        # gets its own finding.
+        findings.extend(_litellm_retries(settings, f"{section}.num_retries", path, 0))
         for key in ("request_timeout", "timeout", "stream_timeout"):
             findings.extend(_litellm_timeout(settings.get(key), f"{section}.{key}", path))
-    for model in (document.get("model_list") or YamlNode([], 0)).items():
+    findings.extend(_litellm_retry_policies(document.get("router_settings"), path))
+    model_list = document.get("model_list")
+    defaulted: list[str] = []
+    for model in (model_list or YamlNode([], 0)).items():
         params = model.get("litellm_params")
         if params is None:
             continue
         name = model.get("model_name")
         label = f"model_list[{name.value if name else '?'}].litellm_params"
+        if params.get("num_retries") is None:
+            defaulted.append(str(name.value) if name else "?")
         max_retries = params.get("max_retries")
-        deployment = max_retries.value if max_retries is not None else None
+        deployment = max_retries.value if max_retries is not None else 0
         findings.extend(_litellm_retries(params, f"{label}.num_retries", path, deployment))
         if isinstance(deployment, int) and deployment > 0:
             findings.append(
@@ -359,6 +388,62 @@ def _check_litellm(document: YamlNode, path: str) -> list[Finding]:
             )
         for key in ("timeout", "stream_timeout"):
             findings.extend(_litellm_timeout(params.get(key), f"{label}.{key}", path))
+    if model_list is not None and defaulted and not configured:
+        findings.append(_litellm_default_retries(model_list.line, defaulted, path))
+    return findings
+
+
+def _litellm_default_retries(line: int, names: list[str], path: str) -> Finding:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    attempts = _LITELLM_DEFAULT_RETRIES + 1
+    return _finding(
+        path,
+        line,
+        "PO503",
+        f"num_retries is set nowhere for {shown} (not per deployment, not in router_settings"
+        f" or litellm_settings): LiteLLM's Router then retries each failed call"
+        f" {_LITELLM_DEFAULT_RETRIES} times by default: {attempts} x {_CALLER_ATTEMPTS}"
+        f" (callers' default max_retries=2) = {attempts * _CALLER_ATTEMPTS} billed calls at"
+        " worst; keep one layer: router_settings: num_retries: 0, or max_retries=0 in every"
+        " caller",
+    )
+
+
+def _litellm_retry_policies(router: YamlNode | None, path: str) -> list[Finding]:
+    """PO503 for retry-policy entries that re-send calls the provider may have billed."""
+    if router is None:
+        return []
+    policies: list[tuple[str, YamlNode]] = []
+    policy = router.get("retry_policy")
+    if policy is not None:
+        policies.append(("router_settings.retry_policy", policy))
+    by_group = router.get("model_group_retry_policy")
+    if by_group is not None and isinstance(by_group.value, dict):
+        policies.extend(
+            (f"router_settings.model_group_retry_policy.{group}", node)
+            for group, node in by_group.value.items()
+        )
+    findings = []
+    for label, node in policies:
+        for field in _LITELLM_BILLED_RETRY_FIELDS:
+            value = node.get(field)
+            if value is None or isinstance(value.value, bool) or not isinstance(value.value, int):
+                continue
+            if value.value <= 0:
+                continue
+            findings.append(
+                _finding(
+                    path,
+                    value.line,
+                    "PO503",
+                    f"{label}.{field}: {value.value}: LiteLLM re-sends such a failed call up to"
+                    f" {value.value} more time{'s' if value.value > 1 else ''}, whatever"
+                    " num_retries says, on top of the"
+                    f" callers' SDK retries: {value.value + 1} x {_CALLER_ATTEMPTS} (callers'"
+                    f" default max_retries=2) = {(value.value + 1) * _CALLER_ATTEMPTS} billed"
+                    f" calls at worst; set {field}: 0",
+                )
+            )
     return findings
 
 
