@@ -201,11 +201,19 @@ def test_made_up_model_names_add_no_metric_series(
     prices = tmp_path / "prices.toml"
     prices.write_text('[models."acme-tuned"]\ninput = 1.0\noutput = 2.0\n')
     gateway = start_gateway("--prices", str(prices))
-    # Priced prefixes with secrets after them, a --prices model, and unknown names.
+    # Dated snapshots of priced models and of a --prices model (priced as them), and
+    # names with secrets in them: priced names with more after them (other models,
+    # unpriced: claude-opus-4-5 is not claude-opus-4) and unknown ones.
     stems = ["gpt-4o-mini", "claude-sonnet-4", "acme-tuned", "made-up"]
-    names = [f"{stems[index % 4]}-acme-corp-secret-{index}" for index in range(1000)]
+    names = [
+        f"{stems[index % 3]}-{20260101 + index % 28}"
+        if index % 2
+        else f"{stems[index % 4]}-acme-corp-secret-{index}"
+        for index in range(1000)
+    ]
 
-    def send(name: str) -> None:
+    def send(numbered: tuple[int, str]) -> None:
+        index, name = numbered
         body = orjson.dumps({**CHAT, "model": name})
         for _ in range(2):  # the retry is a replay: saved cost, counted by model too
             request = urllib.request.Request(
@@ -214,7 +222,7 @@ def test_made_up_model_names_add_no_metric_series(
                 headers={
                     **AUTH,
                     **NO_PACING,
-                    "Idempotency-Key": name,
+                    "Idempotency-Key": f"{name}-{index}",
                     "Content-Type": "application/json",
                 },
             )
@@ -222,7 +230,7 @@ def test_made_up_model_names_add_no_metric_series(
                 assert response.status == 200
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(send, names))
+        list(pool.map(send, enumerate(names)))
     text = httpx.get(gateway.url + "/_payonce/metrics", timeout=10).text
     assert "secret" not in text
     series = _series(text)
@@ -247,7 +255,7 @@ def test_made_up_model_names_add_no_metric_series(
         if any("model=" in label for label in labels)
         if not name.startswith(("payonce_cost_usd", "payonce_saved_cost_usd"))
     ]
-    assert metric(text, "payonce_unknown_cost_calls_total") == 250
+    assert metric(text, "payonce_unknown_cost_calls_total") == 500  # the secret-bearing half
     assert fresh_sim.billed() == 1000
 
 
