@@ -12,7 +12,12 @@ The modules, in the order data flows through them::
     analysis.py  the join and every figure
     report.py    the figures as frozen values and their JSON
     terminal.py, html.py, charts.py, alerts.py   the outputs
-    run.py       reconcile(): files to a Report
+    exports.py   providers' usage and cost report pages -> tables usage, costs
+    keymap.py    --key-map: tenant ids to provider API keys or projects
+    usage_sql.py, usage_analysis.py   the bucket-by-bucket comparison
+    usage_report.py, usage_views.py   its figures, terminal summary and HTML
+    fetch.py     --fetch: the reports pulled from the providers' admin APIs
+    run.py       reconcile(): files to a Report (or a UsageReport)
     cli.py, main.py  the command (DuckDB and rich are imported only when it runs)
 
 This package imports nothing heavy on import: ``payonce --help`` must work without
