@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 from payonce.clock import ManualClock
 from payonce.gateway.keys import Tenants, tenant_of
 from payonce.gateway.observing import Observer, UpstreamFacts
-from payonce.observe.calllog import CallLog, CallRecord, _timestamp
+from payonce.observe.calllog import CallLog, CallLogPipe, CallLogWriter, CallRecord, _timestamp
 from payonce.observe.metrics import Metrics
 from tests.gateway.test_observability import metric
 
@@ -154,6 +157,96 @@ def test_the_log_buffers_lines_until_flushed(tmp_path: Path) -> None:
     log.write(lines[0])
     log.close()
     assert (tmp_path / "calls.jsonl").read_bytes() == b"".join([*lines, lines[0]])
+
+
+def _line(index: int, size: int = 100) -> bytes:
+    """A JSON line of exactly ``size`` bytes."""
+    head = b'{"i":%d,"pad":"' % index
+    return head + b"x" * (size - len(head) - 3) + b'"}\n'
+
+
+def test_rotation_falls_between_lines(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    log = CallLog(str(path), max_bytes=250, backups=10)
+    lines = [_line(index) for index in range(9)]
+    for line in lines:
+        log.write(line)
+    log.flush()  # one flush of 900 bytes: five files of two whole lines, the last of one
+    log.close()
+    files = [path.with_name(f"calls.jsonl.{n}") for n in range(4, 0, -1)] + [path]
+    assert [file.read_bytes() for file in files] == [
+        b"".join(lines[0:2]),
+        b"".join(lines[2:4]),
+        b"".join(lines[4:6]),
+        b"".join(lines[6:8]),
+        lines[8],
+    ]
+
+
+def test_a_line_longer_than_the_limit_has_a_file_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    log = CallLog(str(path), max_bytes=250, backups=10)
+    lines = [_line(0), _line(1, 600), _line(2)]
+    for line in lines:
+        log.write(line)
+    log.close()
+    assert path.with_name("calls.jsonl.2").read_bytes() == lines[0]
+    assert path.with_name("calls.jsonl.1").read_bytes() == lines[1]
+    assert path.read_bytes() == lines[2]
+
+
+def test_the_writer_keeps_whole_lines_from_each_pipe(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    writer = CallLogWriter(CallLog(str(path), max_bytes=10_000, backups=3))
+    first_r, first_w = os.pipe()
+    second_r, second_w = os.pipe()
+    writer.add(first_r)
+    writer.add(second_r)
+    one, two = _line(1), _line(2)
+    # Halves of lines from both pipes, interleaved: never interleaved in the file.
+    os.write(first_w, one[:40])
+    os.write(second_w, two[:60])
+    os.write(first_w, one[40:] + one[:10])
+    os.write(second_w, two[60:])
+    os.close(second_w)
+    os.close(first_w)  # ends in the middle of its second line: that part is lost
+    writer.close()
+    assert sorted(path.read_bytes().splitlines(keepends=True)) == sorted([one, two])
+
+
+def test_a_worker_pipe_never_blocks_and_hands_everything_over_at_close(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    pipe = CallLogPipe(write_end)
+    lines = [_line(index, 500) for index in range(1000)]  # 500 KB: far more than the pipe holds
+    received = bytearray()
+
+    async def worker() -> None:
+        for line in lines[:500]:
+            pipe.write(line)
+        pipe.flush()  # the pipe fills: the rest waits in memory, nothing blocks
+        assert len(pipe._pending) > 0
+        reader = threading.Thread(target=lambda: received.extend(_read_all(read_end)))
+        reader.start()
+        for _ in range(200):  # the event loop hands the rest over as the reader reads
+            await asyncio.sleep(0.005)
+            if not pipe._pending:
+                break
+        assert not pipe._pending
+        for line in lines[500:]:
+            pipe.write(line)
+        pipe.close()  # blocks until all is handed over
+        reader.join(10)
+
+    asyncio.run(worker())
+    os.close(read_end)
+    assert bytes(received) == b"".join(lines)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 HEADER_CASES = [

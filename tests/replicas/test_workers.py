@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx2 as httpx
@@ -105,3 +106,19 @@ def test_upstream_sim_starts_one_simulator_for_all_workers(tmp_path: Path) -> No
     finally:
         gateway.stop()
     assert not alive(simulators[0]), "the simulator stops with the gateway"
+
+
+def test_a_supervisor_stopped_and_continued_goes_on_serving(
+    start_gateways: Gateways, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    """SIGSTOP then SIGCONT (Ctrl-Z and fg, a debugger) is not a request to stop."""
+    (gateway,) = start_gateways(1, "--workers", "2", store=f"sqlite:///{tmp_path}/w.db")
+    supervisor = gateway.popen.pid
+    workers = _workers(supervisor)
+    os.kill(supervisor, signal.SIGSTOP)
+    time.sleep(1.5)  # past the supervisor's one-second wait for signals
+    os.kill(supervisor, signal.SIGCONT)
+    time.sleep(1.0)
+    assert gateway.popen.poll() is None, gateway.output()
+    assert sorted(_workers(supervisor)) == sorted(workers)
+    assert post(gateway.url, "after-sigcont").status_code == 200

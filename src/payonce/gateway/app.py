@@ -74,7 +74,7 @@ from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.sse import StreamId, not_asked_for_usage
 from payonce.gateway.upstream import Upstream
-from payonce.observe.calllog import CallLog, CallRecord
+from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import open_tracing
 from payonce.observe.usage import model_usage_and_id
@@ -145,15 +145,15 @@ class Gateway:
         store: Store,
         upstream: Upstream,
         clock: Clock | None = None,
-        call_log: CallLog | None = None,
+        call_log: CallLogSink | None = None,
+        metrics_dir: str | None = None,
     ) -> None:
+        """``metrics_dir``: a ``--workers`` worker's shared metrics (:class:`Metrics`)."""
         self.settings = settings
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
-        self.metrics = Metrics() if settings.metrics else None
-        if self.metrics is not None:
-            self.metrics.upstream_in_flight.set_function(lambda: len(self.running))
+        self.metrics = Metrics(metrics_dir) if settings.metrics else None
         tracing = open_tracing() if settings.otel else None
         self.observer = Observer(self.metrics, call_log, self.clock, tracing)
         self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
@@ -172,6 +172,8 @@ class Gateway:
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
+        if self.metrics is not None:
+            self.metrics.count_runs(self.running)
         self.replays = ReplayCache(self.clock, settings.replay_cache)
         self.replay_counts = ReplayCounter()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -466,6 +468,8 @@ class Gateway:
             claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
         )
         self.running[(claimed.tenant, claimed.key)] = execution
+        if self.metrics is not None and self.metrics.shared:
+            self.metrics.publish_gauges()
         task = asyncio.get_running_loop().create_task(self._run(execution, request))
         execution.task = task
         # Keep a reference: the task must outlive this request if the client leaves.

@@ -10,6 +10,7 @@ join reports what the original call cost once.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import time
@@ -25,7 +26,7 @@ from payonce.errors import (
 )
 from payonce.gateway.asgi import Message, Send
 from payonce.gateway.sse import first_stream_id
-from payonce.observe.calllog import CallLog, CallRecord
+from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.facts import UpstreamFacts
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import Tracing
@@ -43,6 +44,9 @@ __all__ = [
 
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 _ids = random.Random()
+# A forked --workers worker starts from its own seed: the supervisor's state,
+# copied into every worker, would give them all the same request ids.
+os.register_at_fork(after_in_child=_ids.seed)
 
 
 def model_of(body: bytes) -> str | None:
@@ -105,7 +109,7 @@ class Observer:
     def __init__(
         self,
         metrics: Metrics | None,
-        call_log: CallLog | None,
+        call_log: CallLogSink | None,
         clock: Clock,
         tracing: Tracing | None = None,
     ) -> None:
@@ -130,8 +134,11 @@ class Observer:
             if name == b"x-stainless-retry-count":
                 with contextlib.suppress(ValueError):
                     record.client_retry = int(value)
-        if self.metrics is not None:
-            self.metrics.in_flight_now += 1
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.in_flight_now += 1
+            if metrics.shared:
+                metrics.publish_gauges()
         return record
 
     @staticmethod

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import aiohttp
 import uvicorn
@@ -25,13 +26,26 @@ from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
 from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
-from payonce.observe.calllog import CallLog
+from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
 from payonce.store import open_store
 
-__all__ = ["run", "serve"]
+__all__ = ["WorkerLink", "run", "serve"]
 
 log = logging.getLogger("payonce.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """What a ``--workers`` worker shares with its supervisor (gateway/workers.py).
+
+    ``metrics_dir``: the directory of everyone's metrics (None with ``--no-metrics``);
+    ``call_log_fd``: the write end of this worker's pipe to the call log's one
+    writer (None without ``--call-log``).
+    """
+
+    metrics_dir: str | None = None
+    call_log_fd: int | None = None
 
 
 class _Server(uvicorn.Server):
@@ -103,10 +117,12 @@ async def serve(
     settings: GatewaySettings,
     clock: Clock | None = None,
     sockets: list[socket.socket] | None = None,
+    worker: WorkerLink | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then let keyed upstream calls finish (up to one lease).
 
-    ``sockets``: listen there instead of ``host:port`` (a worker of ``--workers``).
+    ``sockets``: listen there instead of ``host:port``, and ``worker``: metrics and
+    call log shared with the other workers (a worker of ``--workers``).
     """
     if settings.upstream != "sim":
         parse_upstream_url(settings.upstream)
@@ -126,15 +142,19 @@ async def serve(
             )
             await upstream.start()
             stack.push_async_callback(upstream.close)
-            call_log = None
-            if settings.call_log is not None:
+            call_log: CallLogSink | None = None
+            if worker is not None and worker.call_log_fd is not None:
+                call_log = CallLogPipe(worker.call_log_fd)
+                stack.callback(call_log.close)
+            elif settings.call_log is not None:
                 call_log = CallLog(
                     settings.call_log,
                     max_bytes=settings.call_log_max_bytes,
                     backups=settings.call_log_backups,
                 )
                 stack.callback(call_log.close)
-            gateway = Gateway(settings, store, upstream, clock, call_log)
+            metrics_dir = worker.metrics_dir if worker is not None else None
+            gateway = Gateway(settings, store, upstream, clock, call_log, metrics_dir)
             config = uvicorn.Config(
                 gateway,
                 host=settings.host,
@@ -172,16 +192,32 @@ async def serve(
             try:
                 await server.serve(sockets=sockets)
             finally:
+                if worker is not None:
+                    _obey_the_supervisor()
                 housekeeping.cancel()
                 await gateway.drain(grace=settings.lease)
     finally:
         await store.close()
 
 
+def _obey_the_supervisor() -> None:
+    """A stopping worker ignores further SIGTERM and SIGINT: its supervisor decides.
+
+    One stop often reaches a worker twice: from its supervisor, and from the
+    terminal's Ctrl-C or a service manager, which signal the whole process group
+    or cgroup. Taken as a second signal, that one would kill the worker in the
+    middle of its drain and of handing over its last call log lines. A second
+    signal to the supervisor, or its deadline, still ends the workers (SIGKILL).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run(
     settings: GatewaySettings,
     clock: Clock | None = None,
     sockets: list[socket.socket] | None = None,
+    worker: WorkerLink | None = None,
 ) -> None:
     """Blocking entry point used by ``payonce serve`` (and by each of its ``--workers``)."""
     logging.basicConfig(
@@ -191,7 +227,7 @@ def run(
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
-        asyncio.run(serve(settings, clock, sockets))
+        asyncio.run(serve(settings, clock, sockets, worker))
     else:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(settings, clock, sockets))
+            runner.run(serve(settings, clock, sockets, worker))

@@ -14,6 +14,20 @@ Duplicates that land on different workers meet in the store, exactly as they do
 on different hosts: the one that claims the key runs it, the others wait for its
 record (woken by Pub/Sub on Redis, by polling on SQLite) and replay it.
 
+The workers' metrics and call log are the host's, not each worker's:
+
+* **Metrics.** The supervisor makes a private directory (``mkdtemp``, mode 0700)
+  and each worker keeps its metrics there in prometheus-client's multiprocess
+  files (``payonce.observe.metrics``), written at the end of each request; a
+  scrape, whichever worker takes it, sums all the files. A worker that dies
+  leaves its counter and histogram files, so its counts stay in the totals (its
+  replacement has another pid, another file); the supervisor removes its gauge
+  file (``mark_process_dead``), so what it had in flight does not linger. The
+  directory is removed when the supervisor exits.
+* **Call log.** The supervisor is its one writer (:class:`CallLogWriter`, a
+  thread): each worker hands its lines, once a second, to a pipe of its own;
+  the supervisor writes whole lines and rotates the file.
+
 The supervisor:
 
 * restarts a worker that exits on its own (a crash, the OOM killer). A worker
@@ -36,18 +50,23 @@ import contextlib
 import http.client
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
+
+from prometheus_client.multiprocess import mark_process_dead
 
 from payonce.config import GatewaySettings
 from payonce.errors import ConfigError, PayonceError
 from payonce.gateway import server
 from payonce.gateway.upstream import parse_upstream_url
+from payonce.observe.calllog import CallLog, CallLogWriter
 from payonce.store import open_store, validate_store_url
 
 __all__ = ["run_workers"]
@@ -55,6 +74,7 @@ __all__ = ["run_workers"]
 log = logging.getLogger("payonce.gateway")
 
 _WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
 _QUICK_DEATH = 2.0  # seconds: a worker that dies sooner probably cannot start at all
 _MAX_QUICK_DEATHS = 5
 _DRAIN_MARGIN = 10.0  # past the lease: uvicorn's own graceful shutdown (5 s) and slack
@@ -78,16 +98,31 @@ def run_workers(settings: GatewaySettings) -> None:
         parse_upstream_url(settings.upstream)
     listener = _listen(settings.host, settings.port)
     simulator: subprocess.Popen[bytes] | None = None
+    writer: CallLogWriter | None = None
+    metrics_dir: str | None = None
     try:
         settings = replace(settings, port=listener.getsockname()[1])
+        if settings.call_log is not None:
+            call_log = CallLog(
+                settings.call_log,
+                max_bytes=settings.call_log_max_bytes,
+                backups=settings.call_log_backups,
+            )
+            writer = CallLogWriter(call_log)
+        if settings.metrics:
+            metrics_dir = tempfile.mkdtemp(prefix="payonce-metrics-")  # 0700
         if settings.upstream == "sim":
             simulator, url = _start_simulator(settings.sim_port)
             settings = replace(settings, upstream=url)
-        code = _Supervisor(settings, listener).run()
+        code = _Supervisor(settings, listener, metrics_dir, writer).run()
     finally:
         listener.close()
         if simulator is not None:
             _stop_simulator(simulator)
+        if writer is not None:
+            writer.close()  # every worker is gone: the rest of their lines, then the file
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     if code == 2:
         raise ConfigError("--workers: a worker could not start (its error is logged above)")
     if code:
@@ -164,9 +199,17 @@ def _stop_simulator(process: subprocess.Popen[bytes]) -> None:
 class _Supervisor:
     """Forks the workers, restarts the ones that die, stops them all on a signal."""
 
-    def __init__(self, settings: GatewaySettings, listener: socket.socket) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        listener: socket.socket,
+        metrics_dir: str | None = None,
+        writer: CallLogWriter | None = None,
+    ) -> None:
         self.settings = settings
         self.listener = listener
+        self.metrics_dir = metrics_dir
+        self.writer = writer
         self.workers: dict[int, _Worker] = {}
         self.stopping = False
         self.deadline = 0.0
@@ -190,7 +233,10 @@ class _Supervisor:
             )
             while self.workers:
                 received = signal.sigtimedwait(_WATCHED, 1.0)
-                if received is not None and received.si_signo != signal.SIGCHLD:
+                # Only SIGTERM and SIGINT stop: after a SIGSTOP and SIGCONT, Python's
+                # sigtimedwait can return an uninitialised siginfo (EINTR past its
+                # deadline), which once counted as a first, then a second, signal.
+                if received is not None and received.si_signo in _STOPPING:
                     self._stop(force=self.stopping)
                 self._reap()
                 if self.stopping and time.monotonic() > self.deadline:
@@ -210,9 +256,23 @@ class _Supervisor:
     def _spawn(self, number: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        # A pipe of its own to the call log's writer: a worker's death ends only its pipe.
+        lines_r, lines_w = os.pipe() if self.writer is not None else (None, None)
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (lines_r, lines_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
         if pid == 0:  # the worker
-            os._exit(_worker_main(self.settings, self.listener, number))
+            if lines_r is not None:
+                os.close(lines_r)
+            link = server.WorkerLink(self.metrics_dir, lines_w)
+            os._exit(_worker_main(self.settings, self.listener, number, link))
+        if lines_r is not None and lines_w is not None and self.writer is not None:
+            os.close(lines_w)  # the worker's alone: its end closes when it exits
+            self.writer.add(lines_r)
         self.workers[pid] = _Worker(number, pid, time.monotonic())
         log.debug("worker %d started (pid %d)", number, pid)
 
@@ -234,6 +294,10 @@ class _Supervisor:
             if done == 0:
                 continue
             worker = self.workers.pop(pid)
+            log.debug("worker %d (pid %d) exit status %d", worker.number, pid, status)
+            if self.metrics_dir is not None:
+                # Its in-flight gauges leave the sums; its counts stay in the totals.
+                mark_process_dead(pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             if not self.stopping:
                 self._replace(worker, os.waitstatus_to_exitcode(status))
 
@@ -258,8 +322,14 @@ class _Supervisor:
         self._spawn(worker.number)
 
 
-def _worker_main(settings: GatewaySettings, listener: socket.socket, number: int) -> int:
-    """A forked worker: serve the inherited socket until told to stop; the exit code."""
+def _worker_main(
+    settings: GatewaySettings, listener: socket.socket, number: int, link: server.WorkerLink
+) -> int:
+    """A forked worker: serve the inherited socket until told to stop; the exit code.
+
+    It inherits the supervisor's other descriptors too (the call log writer's
+    ends of the other workers' pipes, its file): it never uses them.
+    """
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -270,7 +340,7 @@ def _worker_main(settings: GatewaySettings, listener: socket.socket, number: int
         )
         watch.start()
         log.debug("worker %d serving", number)
-        server.run(settings, sockets=[listener])
+        server.run(settings, sockets=[listener], worker=link)
         return 0
     except ConfigError as exc:
         print(f"payonce: error: {exc}", file=sys.stderr, flush=True)

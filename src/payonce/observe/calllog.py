@@ -4,11 +4,23 @@ Writes go through a buffer flushed every second and at shutdown, so logging a
 request costs a serialisation and a copy into that buffer on the hot path, not a
 syscall.
 Files rotate by size (``PATH`` → ``PATH.1`` → … → ``PATH.<backups>``).
+
+With ``--workers N`` the file has one writer, the supervisor (:class:`CallLogWriter`):
+each worker hands its buffer, once a second, to a pipe of its own
+(:class:`CallLogPipe`, never blocking its event loop), and the supervisor writes
+whole lines from every pipe and rotates the file (docs/call-log.md, "Workers").
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import queue
+import selectors
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +30,16 @@ import orjson
 
 from payonce.errors import ConfigError
 
-__all__ = ["SCHEMA_VERSION", "CallLog", "CallRecord"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "CallLog",
+    "CallLogPipe",
+    "CallLogSink",
+    "CallLogWriter",
+    "CallRecord",
+]
+
+log = logging.getLogger("payonce.gateway")
 
 SCHEMA_VERSION = 2
 
@@ -141,6 +162,7 @@ class CallLog:
     """Buffered JSONL writer with size-based rotation; ``"-"`` writes to stdout."""
 
     def __init__(self, target: str, *, max_bytes: int = 100 * 1024**2, backups: int = 5) -> None:
+        self.target = target
         self._stdout = target == "-"
         self._path = Path(target)
         self._max_bytes = max_bytes
@@ -169,9 +191,20 @@ class CallLog:
             sys.stdout.buffer.flush()
             return
         assert self._file is not None
-        if self._file.tell() + len(data) > self._max_bytes and self._file.tell() > 0:
+        # Rotation falls between lines: a file holds the whole lines that fit.
+        view, start, end = memoryview(data), 0, len(data)
+        while end - start > self._max_bytes - (size := self._file.tell()):
+            fits = data.rfind(b"\n", start, start + max(self._max_bytes - size, 0)) + 1
+            if fits:
+                self._file.write(view[start:fits])
+                start = fits
+            elif size == 0:  # a line longer than the limit: alone in its file
+                fits = data.find(b"\n", start) + 1 or end
+                self._file.write(view[start:fits])
+                start = fits
+                continue
             self._rotate()
-        self._file.write(data)
+        self._file.write(view[start:end])
         self._file.flush()
 
     def _rotate(self) -> None:
@@ -193,3 +226,168 @@ class CallLog:
         self.flush()
         if self._file is not None:
             self._file.close()
+
+
+# A worker's lines waiting for its pipe, at most: past it, new lines are dropped
+# (and counted in the log) until the supervisor reads again.
+_PIPE_BACKLOG = 64 * 1024**2
+
+
+class CallLogPipe:
+    """A ``--workers`` worker's call log: lines go to the supervisor through a pipe.
+
+    Same interface as :class:`CallLog`. :meth:`write` appends to a buffer;
+    :meth:`flush` (once a second) hands the buffer to the pipe without blocking:
+    what does not fit waits, and goes as the supervisor reads (the event loop
+    watches the pipe). Only :meth:`close`, at shutdown, blocks until all is handed over.
+    A worker killed with SIGKILL loses what it had not handed over yet: the lines
+    of its last second, and any backlog the supervisor had not read.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        os.set_blocking(fd, False)
+        self._pending = bytearray()
+        self._watched: asyncio.AbstractEventLoop | None = None
+        self._dropped = 0
+
+    def write(self, line: bytes) -> None:
+        if len(self._pending) < _PIPE_BACKLOG:
+            self._pending += line
+        else:
+            self._dropped += 1
+
+    def flush(self) -> None:
+        if self._dropped:
+            log.warning(
+                "call log: %d lines dropped, the supervisor is not reading its pipe", self._dropped
+            )
+            self._dropped = 0
+        if self._watched is None and self._pending:
+            self._send()
+            if self._pending:
+                # The pipe is full: go on when the supervisor has read some of it.
+                self._watched = asyncio.get_running_loop()
+                self._watched.add_writer(self._fd, self._more)
+
+    def _send(self) -> None:
+        try:
+            sent = os.write(self._fd, self._pending)
+        except BlockingIOError:
+            return
+        del self._pending[:sent]
+
+    def _more(self) -> None:
+        try:
+            self._send()
+        except OSError as exc:  # the supervisor is gone
+            log.warning("call log: %d bytes lost: %s", len(self._pending), exc)
+            self._pending.clear()
+        if not self._pending and self._watched is not None:
+            self._watched.remove_writer(self._fd)
+            self._watched = None
+
+    def close(self) -> None:
+        if self._watched is not None:
+            self._watched.remove_writer(self._fd)
+            self._watched = None
+        os.set_blocking(self._fd, True)
+        try:
+            while self._pending:
+                sent = os.write(self._fd, self._pending)
+                del self._pending[:sent]
+        except OSError as exc:
+            log.warning("call log: %d bytes lost: %s", len(self._pending), exc)
+        finally:
+            os.close(self._fd)
+
+
+class CallLogWriter:
+    """The one writer of a ``--workers`` gateway's call log, in the supervisor.
+
+    A thread reads each worker's pipe (:meth:`add`), keeps the end of a line
+    that has not fully arrived, and writes whole lines to the :class:`CallLog`,
+    which rotates the file: one writer, so lines never interleave and the file
+    rotates once. A pipe at its end (the worker exited or was killed) is read to
+    its last whole line first. :meth:`close`, once every worker has exited,
+    writes what is left and closes the file.
+    """
+
+    def __init__(self, call_log: CallLog) -> None:
+        self._log = call_log
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._added: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._partial: dict[int, bytearray] = {}
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="payonce-call-log", daemon=True)
+        # Signals are the main thread's (the supervisor waits for them with
+        # sigtimedwait): the thread starts with all of them blocked.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            self._thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def add(self, fd: int) -> None:
+        """Read the pipe ``fd`` (its read end; the writer closes it at its end)."""
+        self._added.put(fd)
+        os.write(self._wake_w, b"+")
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._closing = True
+        os.write(self._wake_w, b".")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("call log: the writer did not finish in %.0fs", timeout)
+            return
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._log.close()
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                fd = key.fd
+                if fd == self._wake_r:
+                    os.read(fd, 4096)
+                    while not self._added.empty():
+                        added = self._added.get()
+                        self._partial[added] = bytearray()
+                        self._selector.register(added, selectors.EVENT_READ)
+                else:
+                    self._read(fd)
+            try:
+                self._log.flush()
+            except OSError as exc:
+                log.warning("call log: cannot write %s: %s", self._log.target, exc)
+            if self._closing and not self._partial and self._added.empty():
+                return
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        partial = self._partial[fd]
+        if data:
+            partial += data
+            end = partial.rfind(b"\n") + 1
+            if end:
+                self._log.write(bytes(partial[:end]))
+                del partial[:end]
+            return
+        # The worker is gone and everything it handed over is read.
+        if partial:
+            log.warning(
+                "call log: a worker ended in the middle of a line (%d bytes lost)", len(partial)
+            )
+        del self._partial[fd]
+        self._selector.unregister(fd)
+        os.close(fd)
+
+
+# What a gateway process writes its lines to: the file, or its pipe to the supervisor.
+CallLogSink = CallLog | CallLogPipe

@@ -9,15 +9,26 @@ caller made up (:func:`model_label`).
 Idempotency hit rate: ``(replayed + joined) / (forwarded + replayed + joined)``
 from ``payonce_requests_total{outcome}``. Cost per successful call:
 ``payonce_cost_usd_total`` over ``payonce_requests_total{status_class="2xx"}``.
+
+One process (``payonce serve``): the metrics live in memory and are counted
+into prometheus-client at scrape time (:class:`_Deferred`). Several
+(``--workers N``): each worker's metrics live in prometheus-client's
+multiprocess files in a directory the supervisor made (``Metrics(shared=DIR)``);
+each worker writes its counts there when a request or an upstream call ends,
+and a scrape, whichever worker takes it, sums every file of the directory, the
+files of workers that died included (docs/observability.md, "Workers").
 """
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from payonce.observe.pricing import PRICES, priced_name
 
@@ -65,6 +76,30 @@ def model_label(model: str | None) -> str:
     """
     name = priced_name(model) if model is not None else None
     return name if name is not None else "other"
+
+
+# prometheus-client's multiprocess value class of each shared directory (one per process).
+_shared_values: dict[str, Any] = {}
+
+
+def _use_values(shared: str | None) -> None:
+    """Make the metrics this process creates from now on in-memory, or files in ``shared``.
+
+    prometheus-client picks its value class once, when it is first imported, from
+    ``PROMETHEUS_MULTIPROC_DIR``. A ``--workers`` supervisor has imported it before
+    it forks, and a variable inherited from the operator's shell is not the
+    gateway's directory: so the choice is made here, for the process, before its
+    metrics exist. ``PROMETHEUS_MULTIPROC_DIR`` is also set, in this process only:
+    prometheus-client reads it again for each value it creates.
+    """
+    if shared is None:
+        values.ValueClass = values.MutexValue
+        return
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
+    value_class = _shared_values.get(shared)
+    if value_class is None:
+        value_class = _shared_values[shared] = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    values.ValueClass = value_class
 
 
 def _status_class(status: int) -> str:
@@ -127,9 +162,16 @@ class _Buckets:
 
 
 class Metrics:
-    """One registry per gateway process. Updates are deferred (:class:`_Deferred`)."""
+    """One registry per gateway process. Updates are deferred (:class:`_Deferred`).
 
-    def __init__(self) -> None:
+    ``shared``: the directory of a ``--workers`` gateway's metrics, where this
+    worker writes its counts (at the end of each request and upstream call) and
+    from which a scrape sums all the workers'. ``None``: this process alone, in memory.
+    """
+
+    def __init__(self, shared: str | None = None) -> None:
+        _use_values(shared)
+        self.shared = shared is not None
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.deferred = _Deferred()
         requests = Counter(
@@ -201,15 +243,19 @@ class Metrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=registry,
         )
+        # With workers: the sum over the live workers (the supervisor removes a
+        # dead worker's file, so what it had in flight does not linger).
         self.in_flight = Gauge(
             "payonce_in_flight_requests",
             "Client requests being answered right now.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.upstream_in_flight = Gauge(
             "payonce_upstream_in_flight_calls",
-            "Keyed upstream runs in progress in this process.",
+            "Keyed upstream runs in progress.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.unprotected_forwards = Counter(
             "payonce_unprotected_forwards",
@@ -231,7 +277,7 @@ class Metrics:
         self.overhead_buckets = _Buckets(self.overhead, _OVERHEAD_BUCKETS)
         self.deferred.histograms += [self.upstream_latency_buckets, self.overhead_buckets]
         self.in_flight_now = 0
-        self.in_flight.set_function(lambda: self.in_flight_now)
+        self._runs: Sized = ()  # the keyed runs in progress (count_runs)
         self._costs: dict[str | None, Any] = {}
         self._upstream_statuses: dict[int | None, Any] = {}
         self._answered: dict[tuple[str, int], int] = {}  # (outcome, status) -> requests
@@ -246,6 +292,39 @@ class Metrics:
             self.saved_cost.labels(name)
         for status in _UPSTREAM_STATUSES:
             self.upstream_child(status)
+        if shared is None:
+            self.in_flight.set_function(lambda: self.in_flight_now)
+            self.upstream_in_flight.set_function(lambda: len(self._runs))
+            self._scraped = registry
+        else:
+            # The gauges as this worker last wrote them to its file.
+            self._shown_in_flight = self._shown_runs = 0
+            self._scraped = CollectorRegistry(auto_describe=True)
+            MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
+
+    def count_runs(self, runs: Sized) -> None:
+        """``payonce_upstream_in_flight_calls`` is ``len(runs)``, the keyed runs in progress."""
+        self._runs = runs
+
+    def publish(self) -> None:
+        """With workers, write this worker's counts and gauges to its file; else nothing."""
+        if not self.shared:
+            return
+        self._apply_answered()
+        self.deferred.apply()
+        self.publish_gauges()
+
+    def publish_gauges(self) -> None:
+        if not self.shared:
+            return
+        in_flight = self.in_flight_now
+        if in_flight != self._shown_in_flight:
+            self._shown_in_flight = in_flight
+            self.in_flight.set(in_flight)
+        runs = len(self._runs)
+        if runs != self._shown_runs:
+            self._shown_runs = runs
+            self.upstream_in_flight.set(runs)
 
     def cost_of(self, model: str | None) -> Any:
         """The cost counter of ``model``, labelled :func:`model_label` (children cached)."""
@@ -299,6 +378,8 @@ class Metrics:
         elif status is not None and 0 < status < 300:  # -1: cancelled, no answer
             child = self.unknown_cost
             counts[child] = counts.get(child, 0.0) + 1.0
+        if self.shared:
+            self.publish()
 
     def answered(self, record: CallRecord, finished: float) -> None:
         """Count one answered client request (``finished``: its ``perf_counter()``).
@@ -323,6 +404,8 @@ class Metrics:
                 buckets.total += overhead
             else:
                 self.overhead_buckets.counts[0] += 1
+        if self.shared:
+            self.publish()
 
     def _apply_answered(self) -> None:
         answered, self._answered = self._answered, {}
@@ -334,6 +417,8 @@ class Metrics:
                 self.store_errors.inc(count)
 
     def render(self) -> bytes:
+        """The exposition: this process's metrics, or with workers the sum of all of theirs."""
         self._apply_answered()
         self.deferred.apply()
-        return generate_latest(self.registry)
+        self.publish_gauges()
+        return generate_latest(self._scraped)
