@@ -192,25 +192,10 @@ async def serve(
             try:
                 await server.serve(sockets=sockets)
             finally:
-                if worker is not None:
-                    _obey_the_supervisor()
                 housekeeping.cancel()
                 await gateway.drain(grace=settings.lease)
     finally:
         await store.close()
-
-
-def _obey_the_supervisor() -> None:
-    """A stopping worker ignores further SIGTERM and SIGINT: its supervisor decides.
-
-    One stop often reaches a worker twice: from its supervisor, and from the
-    terminal's Ctrl-C or a service manager, which signal the whole process group
-    or cgroup. Taken as a second signal, that one would kill the worker in the
-    middle of its drain and of handing over its last call log lines. A second
-    signal to the supervisor, or its deadline, still ends the workers (SIGKILL).
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run(
