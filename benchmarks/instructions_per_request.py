@@ -10,10 +10,16 @@ out::
 
     python benchmarks/instructions_per_request.py --base ../payonce-7ac5440
     python benchmarks/instructions_per_request.py --base ../old --kind plain
+    python benchmarks/instructions_per_request.py --base ../old --workers 2 --call-log
 
 A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``).
 ``--kind keyed`` sends a new Idempotency-Key per request (the keyed first call),
-``plain`` none (pass-through). Needs valgrind. About a minute per checkout.
+``plain`` none (pass-through). ``--workers N`` runs ``payonce serve --workers N``
+and counts every process (supervisor and workers; callgrind follows the forks,
+one output file each); the one connection is served by one worker, the others
+idle. ``--call-log`` writes the call log to a file in the run's directory.
+``--rounds R`` measures base and new R times, alternating, and reports each.
+Needs valgrind. About a minute per checkout and round (two with ``--workers``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import glob
 import http.client
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,8 +62,13 @@ def _wait_ready(port: int, timeout: float = 300) -> None:
             time.sleep(0.5)
 
 
-def total_instructions(checkout: Path, kind: str, requests: int) -> int:
-    """Instructions the gateway of ``checkout`` ran, from start to stop, for ``requests``."""
+def total_instructions(
+    checkout: Path, kind: str, requests: int, workers: int = 1, call_log: bool = False
+) -> int:
+    """Instructions the gateway of ``checkout`` ran, from start to stop, for ``requests``.
+
+    Summed over its processes: with ``workers`` > 1, the supervisor and each worker.
+    """
     python = str(checkout / ".venv" / "bin" / "python")
     work = Path(tempfile.mkdtemp(prefix="payonce-callgrind-"))
     sim_port, gateway_port = _port(), _port()
@@ -68,6 +80,10 @@ def total_instructions(checkout: Path, kind: str, requests: int) -> int:
     serve = [python, "-m", "payonce", "serve", "--upstream", f"http://127.0.0.1:{sim_port}"]
     serve += ["--port", str(gateway_port), "--store", f"sqlite:///{work / 'payonce.db'}"]
     serve += ["--no-otel", "--log-level", "warning"]
+    if workers > 1:
+        serve += ["--workers", str(workers)]
+    if call_log:
+        serve += ["--call-log", str(work / "calls.jsonl")]
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/callgrind.%p", *serve],
         stdout=subprocess.DEVNULL,
@@ -94,16 +110,21 @@ def total_instructions(checkout: Path, kind: str, requests: int) -> int:
         sim.wait()
     total = 0
     for name in glob.glob(f"{work}/callgrind.*"):
+        found = 0
         with open(name) as handle:
             for line in handle:
                 if line.startswith(("summary:", "totals:")):
-                    total = max(total, int(line.split()[1]))
+                    found = max(found, int(line.split()[1]))
+        total += found  # one file per process
+    shutil.rmtree(work, ignore_errors=True)
     return total
 
 
-def per_request(checkout: Path, kind: str, small: int, large: int) -> float:
-    low = total_instructions(checkout, kind, small)
-    high = total_instructions(checkout, kind, large)
+def per_request(
+    checkout: Path, kind: str, small: int, large: int, workers: int = 1, call_log: bool = False
+) -> float:
+    low = total_instructions(checkout, kind, small, workers, call_log)
+    high = total_instructions(checkout, kind, large, workers, call_log)
     return (high - low) / (large - small)
 
 
@@ -114,11 +135,20 @@ def main() -> None:
     parser.add_argument("--kind", choices=("keyed", "plain"), default="keyed")
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
+    parser.add_argument("--call-log", action="store_true", help="with a call log file")
+    parser.add_argument("--rounds", type=int, default=1, help="base and new, alternating")
     args = parser.parse_args()
-    base = per_request(args.base.resolve(), args.kind, args.small, args.large)
-    new = per_request(args.new, args.kind, args.small, args.large)
-    print(f"{args.kind}: base {base / 1000:,.1f}k instructions/request, new {new / 1000:,.1f}k")
-    print(f"ratio new/base: {new / base:.3f}")
+    options = (args.kind, args.small, args.large, args.workers, args.call_log)
+    what = f"{args.kind}, --workers {args.workers}" + (", --call-log" if args.call_log else "")
+    for round_ in range(1, args.rounds + 1):
+        base = per_request(args.base.resolve(), *options)
+        new = per_request(args.new, *options)
+        print(
+            f"{what}, round {round_}: base {base / 1000:,.1f}k instructions/request,"
+            f" new {new / 1000:,.1f}k, ratio new/base {new / base:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
