@@ -102,22 +102,42 @@ def _use_values(shared: str | None) -> None:
     values.ValueClass = value_class
 
 
-def _add(value: Any, amount: float) -> None:
-    """Add ``amount`` to a multiprocess value: in memory, and at its place in its file.
+# A multiprocess value's place in its worker's file: the file's bytes seen as
+# doubles, and the index of the value's double.
+_Slot = tuple["memoryview[float]", int]
 
-    prometheus-client's own ``inc`` takes a lock and calls ``os.getpid()``, a
-    system call, on every update, to survive a fork that happened after the
-    metric was made. A worker's metrics are made after its fork, and only its
-    event loop's thread updates them. ``_value``, ``_file`` and ``_key`` are
-    prometheus-client's ``MmapedValue`` (pinned by tests/observe/test_metrics_shared.py).
+
+class _Slots:
+    """Where each multiprocess value of this worker lives in its file, found once.
+
+    prometheus-client's ``inc`` and ``set`` take a lock and call ``os.getpid()``
+    (a system call) on every update, to survive a fork after the metric was
+    made, then pack 16 bytes into the file through three Python calls. A
+    worker's metrics are made after its fork and only its event loop's thread
+    updates them, so an update here is one store of a double, 8-byte aligned,
+    into the mapped file: ``view[index] += amount``. The value's own copy in
+    memory (``MmapedValue._value``) is not kept up to date: the file is the
+    truth, and every scrape reads the files. A file that grows is mapped anew
+    by prometheus-client; a view keeps its older mapping, of the same pages,
+    alive. ``_file``, ``_m``, ``_positions`` and ``_key`` are prometheus-client's
+    (pinned by tests/observe/test_metrics_shared.py).
     """
-    value._value += amount
-    value._file.write_value(value._key, value._value, 0.0)
 
+    def __init__(self) -> None:
+        self._views: dict[int, tuple[Any, memoryview[float]]] = {}  # id(mmap) -> (mmap, view)
+        self.of_value: dict[Any, _Slot] = {}  # MmapedValue -> its slot
 
-def _set(value: Any, number: float) -> None:
-    value._value = number
-    value._file.write_value(value._key, number, 0.0)
+    def of(self, value: Any) -> _Slot:
+        slot = self.of_value.get(value)
+        if slot is None:
+            file = value._file
+            mapped = file._m
+            known = self._views.get(id(mapped))
+            if known is None:
+                known = self._views[id(mapped)] = (mapped, memoryview(mapped).cast("d"))
+            # The value's double; its timestamp, the next one, stays 0.
+            slot = self.of_value[value] = (known[1], file._positions[value._key] // 8)
+        return slot
 
 
 def _status_class(status: int) -> str:
@@ -161,6 +181,13 @@ class _Buckets:
         self.bounds = tuple(float(bound) for bound in bounds)
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
+        # With workers: where each bucket and the sum live in the worker's file.
+        self.slots: list[_Slot] = []
+        self.sum_slot: _Slot = (memoryview(b"").cast("d"), 0)
+
+    def share(self, places: _Slots) -> None:
+        self.slots = [places.of(bucket) for bucket in self.histogram._buckets]
+        self.sum_slot = places.of(self.histogram._sum)
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
@@ -317,7 +344,13 @@ class Metrics:
         else:
             # The gauges as this worker last wrote them to its file.
             self._shown_in_flight = self._shown_runs = 0
-            self._answered_values: dict[tuple[str, int], tuple[Any, ...]] = {}
+            self._places = places = _Slots()
+            self._slots: dict[Any, _Slot] = {}  # counter child -> its slot
+            self._answered_slots: dict[tuple[str, int], tuple[_Slot, ...]] = {}
+            self._in_flight_slot = places.of(self.in_flight._value)
+            self._runs_slot = places.of(self.upstream_in_flight._value)
+            for buckets in self.deferred.histograms:
+                buckets.share(places)
             self._scraped = CollectorRegistry(auto_describe=True)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
 
@@ -336,43 +369,47 @@ class Metrics:
         answered = self._answered
         if answered:
             for key, count in answered.items():
-                added = self._answered_values.get(key) or self._answered_values_of(key)
-                for value in added:
-                    value._value += count
-                    value._file.write_value(value._key, value._value, 0.0)
+                for view, index in self._answered_slots.get(key) or self._answered_slots_of(key):
+                    view[index] += count
             answered.clear()
         counts = self.deferred.counts
         if counts:
+            slots = self._slots
             for child, amount in counts.items():
                 if amount:
-                    value = child._value
-                    value._value += amount
-                    value._file.write_value(value._key, value._value, 0.0)
+                    view, index = slots.get(child) or self._slot_of(child)
+                    view[index] += amount
             counts.clear()
         for buckets in self.deferred.histograms:
             bucket_counts = buckets.counts
             if any(bucket_counts):
-                bucket_values = buckets.histogram._buckets
+                bucket_slots = buckets.slots
                 for index, count in enumerate(bucket_counts):
                     if count:
-                        _add(bucket_values[index], count)
+                        view, at = bucket_slots[index]
+                        view[at] += count
                         bucket_counts[index] = 0
-                _add(buckets.histogram._sum, buckets.total)
+                view, at = buckets.sum_slot
+                view[at] += buckets.total
                 buckets.total = 0.0
         self.publish_gauges()
 
-    def _answered_values_of(self, key: tuple[str, int]) -> tuple[Any, ...]:
-        """The multiprocess values an answered (outcome, status) adds to (see _apply_answered)."""
+    def _slot_of(self, child: Any) -> _Slot:
+        slot = self._slots[child] = self._places.of(child._value)
+        return slot
+
+    def _answered_slots_of(self, key: tuple[str, int]) -> tuple[_Slot, ...]:
+        """The values an answered (outcome, status) adds to (as :meth:`_apply_answered`)."""
         outcome, status = key
-        found = [self._requests[(outcome, _status_class(status))]._value]
+        found = [self._requests[(outcome, _status_class(status))]]
         if outcome in ("replayed", "joined"):
-            found.append(self._duplicates[outcome]._value)
+            found.append(self._duplicates[outcome])
         elif outcome == "error" and status == 503:
-            found.append(self.store_errors._value)
-        if len(self._answered_values) >= 4096:  # statuses come from upstreams: bounded
-            self._answered_values.clear()
-        values = self._answered_values[key] = tuple(found)
-        return values
+            found.append(self.store_errors)
+        if len(self._answered_slots) >= 4096:  # statuses come from upstreams: bounded
+            self._answered_slots.clear()
+        slots = self._answered_slots[key] = tuple(self._places.of(c._value) for c in found)
+        return slots
 
     def publish_gauges(self) -> None:
         if not self.shared:
@@ -380,11 +417,13 @@ class Metrics:
         in_flight = self.in_flight_now
         if in_flight != self._shown_in_flight:
             self._shown_in_flight = in_flight
-            _set(self.in_flight._value, in_flight)
+            view, index = self._in_flight_slot
+            view[index] = in_flight
         runs = len(self._runs)
         if runs != self._shown_runs:
             self._shown_runs = runs
-            _set(self.upstream_in_flight._value, runs)
+            view, index = self._runs_slot
+            view[index] = runs
 
     def cost_of(self, model: str | None) -> Any:
         """The cost counter of ``model``, labelled :func:`model_label` (children cached)."""
