@@ -64,10 +64,12 @@ def _wait_ready(port: int, timeout: float = 300) -> None:
 
 def total_instructions(
     checkout: Path, kind: str, requests: int, workers: int = 1, call_log: bool = False
-) -> int:
+) -> dict[str, int]:
     """Instructions the gateway of ``checkout`` ran, from start to stop, for ``requests``.
 
-    Summed over its processes: with ``workers`` > 1, the supervisor and each worker.
+    ``total`` sums its processes; with ``workers`` > 1 also ``supervisor``,
+    ``serving`` (the worker that served the one connection: the busiest) and
+    ``idle`` (the other workers, whose timers still tick once a second).
     """
     python = str(checkout / ".venv" / "bin" / "python")
     work = Path(tempfile.mkdtemp(prefix="payonce-callgrind-"))
@@ -108,24 +110,31 @@ def total_instructions(
         gateway.wait(300)
         sim.terminate()
         sim.wait()
-    total = 0
+    counts: dict[int, int] = {}  # pid -> instructions, one file per process
     for name in glob.glob(f"{work}/callgrind.*"):
         found = 0
         with open(name) as handle:
             for line in handle:
                 if line.startswith(("summary:", "totals:")):
                     found = max(found, int(line.split()[1]))
-        total += found  # one file per process
+        counts[int(name.rsplit(".", 1)[1])] = found
     shutil.rmtree(work, ignore_errors=True)
-    return total
+    parts = {"total": sum(counts.values())}
+    if workers > 1:
+        parts["supervisor"] = counts.pop(gateway.pid, 0)
+        busiest = max(counts.values())
+        parts["serving"] = busiest
+        parts["idle"] = sum(counts.values()) - busiest
+    return parts
 
 
 def per_request(
     checkout: Path, kind: str, small: int, large: int, workers: int = 1, call_log: bool = False
-) -> float:
+) -> dict[str, float]:
+    """Instructions per request, from the difference of a small and a large run."""
     low = total_instructions(checkout, kind, small, workers, call_log)
     high = total_instructions(checkout, kind, large, workers, call_log)
-    return (high - low) / (large - small)
+    return {part: (high[part] - low[part]) / (large - small) for part in high}
 
 
 def main() -> None:
@@ -145,10 +154,16 @@ def main() -> None:
         base = per_request(args.base.resolve(), *options)
         new = per_request(args.new, *options)
         print(
-            f"{what}, round {round_}: base {base / 1000:,.1f}k instructions/request,"
-            f" new {new / 1000:,.1f}k, ratio new/base {new / base:.3f}",
+            f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
+            f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",
             flush=True,
         )
+        for part in ("serving", "idle", "supervisor"):
+            if part in base:
+                print(
+                    f"    {part}: base {base[part] / 1000:,.1f}k, new {new[part] / 1000:,.1f}k",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

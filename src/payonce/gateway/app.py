@@ -469,7 +469,7 @@ class Gateway:
         )
         self.running[(claimed.tenant, claimed.key)] = execution
         if self.metrics is not None and self.metrics.shared:
-            self.metrics.publish_gauges()
+            self.metrics.runs_changed()
         task = asyncio.get_running_loop().create_task(self._run(execution, request))
         execution.task = task
         # Keep a reference: the task must outlive this request if the client leaves.

@@ -138,7 +138,7 @@ class Observer:
         if metrics is not None:
             metrics.in_flight_now += 1
             if metrics.shared:
-                metrics.publish_gauges()
+                metrics.started()
         return record
 
     @staticmethod

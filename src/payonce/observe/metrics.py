@@ -342,13 +342,13 @@ class Metrics:
             self.upstream_in_flight.set_function(lambda: len(self._runs))
             self._scraped = registry
         else:
-            # The gauges as this worker last wrote them to its file.
-            self._shown_in_flight = self._shown_runs = 0
             self._places = places = _Slots()
             self._slots: dict[Any, _Slot] = {}  # counter child -> its slot
             self._answered_slots: dict[tuple[str, int], tuple[_Slot, ...]] = {}
             self._in_flight_slot = places.of(self.in_flight._value)
             self._runs_slot = places.of(self.upstream_in_flight._value)
+            self._spent_input_slot = self._slot_of(self.spent_input)
+            self._spent_output_slot = self._slot_of(self.spent_output)
             for buckets in self.deferred.histograms:
                 buckets.share(places)
             self._scraped = CollectorRegistry(auto_describe=True)
@@ -359,10 +359,12 @@ class Metrics:
         self._runs = runs
 
     def publish(self) -> None:
-        """With workers, write this worker's counts and gauges to its file; else nothing.
+        """With workers, write the counts still kept in memory to the file; else nothing.
 
-        Called at the end of every request and upstream call, so written for
-        speed: each count goes straight to its place in the file (:func:`_add`).
+        The request path writes its own counts as it makes them
+        (:meth:`_upstream_call_shared`, :meth:`_answered_shared`); this writes the
+        rest (tokens and cost saved, unprotected retries), at the end of each
+        request and before a scrape.
         """
         if not self.shared:
             return
@@ -412,18 +414,22 @@ class Metrics:
         return slots
 
     def publish_gauges(self) -> None:
+        """With workers, write both in-flight gauges to the file; else nothing."""
         if not self.shared:
             return
-        in_flight = self.in_flight_now
-        if in_flight != self._shown_in_flight:
-            self._shown_in_flight = in_flight
-            view, index = self._in_flight_slot
-            view[index] = in_flight
-        runs = len(self._runs)
-        if runs != self._shown_runs:
-            self._shown_runs = runs
-            view, index = self._runs_slot
-            view[index] = runs
+        view, index = self._in_flight_slot
+        view[index] = self.in_flight_now
+        self.runs_changed()
+
+    def started(self) -> None:
+        """With workers: a request started (``in_flight_now`` is already counted)."""
+        view, index = self._in_flight_slot
+        view[index] = self.in_flight_now
+
+    def runs_changed(self) -> None:
+        """With workers: a keyed upstream run started or ended."""
+        view, index = self._runs_slot
+        view[index] = len(self._runs)
 
     def cost_of(self, model: str | None) -> Any:
         """The cost counter of ``model``, labelled :func:`model_label` (children cached)."""
@@ -455,6 +461,9 @@ class Metrics:
 
         Once per upstream call, so inlined: each update is a dict add (no calls).
         """
+        if self.shared:
+            self._upstream_call_shared(facts)
+            return
         counts = self.deferred.counts
         status = -1 if facts.cancelled else facts.status
         child = self._upstream_statuses.get(status) or self.upstream_child(status)
@@ -477,8 +486,41 @@ class Metrics:
         elif status is not None and 0 < status < 300:  # -1: cancelled, no answer
             child = self.unknown_cost
             counts[child] = counts.get(child, 0.0) + 1.0
-        if self.shared:
-            self.publish()
+
+    def _upstream_call_shared(self, facts: UpstreamFacts) -> None:
+        """:meth:`upstream_call` with workers: each count written to the file at once.
+
+        Each update is one store into the mapped file (:class:`_Slots`), found
+        through a slot resolved once per series.
+        """
+        slots = self._slots
+        status = -1 if facts.cancelled else facts.status
+        child = self._upstream_statuses.get(status) or self.upstream_child(status)
+        view, index = slots.get(child) or self._slot_of(child)
+        view[index] += 1.0
+        latency = facts.latency
+        if latency is not None:
+            buckets = self.upstream_latency_buckets
+            view, index = buckets.slots[bisect_left(buckets.bounds, latency)]
+            view[index] += 1.0
+            view, index = buckets.sum_slot
+            view[index] += latency
+        usage = facts.usage
+        if usage:
+            view, index = self._spent_input_slot
+            view[index] += usage.get("input_tokens", 0)
+            view, index = self._spent_output_slot
+            view[index] += usage.get("output_tokens", 0)
+        cost = facts.cost_usd
+        if cost is not None:
+            child = self._costs.get(facts.model) or self.cost_of(facts.model)
+            view, index = slots.get(child) or self._slot_of(child)
+            view[index] += cost
+        elif status is not None and 0 < status < 300:  # -1: cancelled, no answer
+            view, index = slots.get(self.unknown_cost) or self._slot_of(self.unknown_cost)
+            view[index] += 1.0
+        view, index = self._runs_slot
+        view[index] = len(self._runs)
 
     def answered(self, record: CallRecord, finished: float) -> None:
         """Count one answered client request (``finished``: its ``perf_counter()``).
@@ -487,6 +529,9 @@ class Metrics:
         the requests, duplicates and store-error counters are all derived from
         those counts when someone scrapes (:meth:`_apply_answered`).
         """
+        if self.shared:
+            self._answered_shared(record, finished)
+            return
         self.in_flight_now -= 1
         outcome = record.outcome
         answered = self._answered
@@ -503,7 +548,31 @@ class Metrics:
                 buckets.total += overhead
             else:
                 self.overhead_buckets.counts[0] += 1
-        if self.shared:
+
+    def _answered_shared(self, record: CallRecord, finished: float) -> None:
+        """:meth:`answered` with workers: each count written to the file at once."""
+        self.in_flight_now -= 1
+        outcome = record.outcome
+        key = (outcome, record.status)
+        for view, index in self._answered_slots.get(key) or self._answered_slots_of(key):
+            view[index] += 1.0
+        if record.unprotected_retry:
+            self.deferred.add(self.unprotected_retries)
+        latency = record.upstream_latency
+        if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
+            overhead = finished - record.started - latency
+            buckets = self.overhead_buckets
+            if overhead > 0.0:
+                view, index = buckets.slots[bisect_left(buckets.bounds, overhead)]
+                view[index] += 1.0
+                view, index = buckets.sum_slot
+                view[index] += overhead
+            else:
+                view, index = buckets.slots[0]
+                view[index] += 1.0
+        view, index = self._in_flight_slot
+        view[index] = self.in_flight_now
+        if self.deferred.counts:  # saved tokens and cost, unprotected retries
             self.publish()
 
     def _apply_answered(self) -> None:
@@ -517,7 +586,11 @@ class Metrics:
 
     def render(self) -> bytes:
         """The exposition: this process's metrics, or with workers the sum of all of theirs."""
-        self._apply_answered()
-        self.deferred.apply()
-        self.publish_gauges()
+        if self.shared:
+            # The fast path owns the values: prometheus-client's inc() would start
+            # from its own copy in memory, which the fast path does not keep.
+            self.publish()
+        else:
+            self._apply_answered()
+            self.deferred.apply()
         return generate_latest(self._scraped)
