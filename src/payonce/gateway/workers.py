@@ -18,7 +18,7 @@ The workers' metrics and call log are the host's, not each worker's:
 
 * **Metrics.** The supervisor makes a private directory (``mkdtemp``, mode 0700)
   and each worker keeps its metrics there in prometheus-client's multiprocess
-  files (``payonce.observe.metrics``), written at the end of each request; a
+  files (``payonce.observe.metrics``), written as each request counts; a
   scrape, whichever worker takes it, sums all the files. A worker that dies
   leaves its counter and histogram files, so its counts stay in the totals (its
   replacement has another pid, another file); the supervisor removes its gauge

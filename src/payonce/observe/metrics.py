@@ -14,7 +14,7 @@ One process (``payonce serve``): the metrics live in memory and are counted
 into prometheus-client at scrape time (:class:`_Deferred`). Several
 (``--workers N``): each worker's metrics live in prometheus-client's
 multiprocess files in a directory the supervisor made (``Metrics(shared=DIR)``);
-each worker writes its counts there when a request or an upstream call ends,
+each worker writes each count there as it makes it (:class:`_Slots`),
 and a scrape, whichever worker takes it, sums every file of the directory, the
 files of workers that died included (docs/observability.md, "Workers").
 """
@@ -117,7 +117,9 @@ class _Slots:
     updates them, so an update here is one store of a double, 8-byte aligned,
     into the mapped file: ``view[index] += amount``. The value's own copy in
     memory (``MmapedValue._value``) is not kept up to date: the file is the
-    truth, and every scrape reads the files. A file that grows is mapped anew
+    truth, and every scrape reads the files; so each value is updated one way
+    only, through its slot (the one exception, ``payonce_unprotected_forwards_total``,
+    rare, only ever through prometheus-client's ``inc``). A file that grows is mapped anew
     by prometheus-client; a view keeps its older mapping, of the same pages,
     alive. ``_file``, ``_m``, ``_positions`` and ``_key`` are prometheus-client's
     (pinned by tests/observe/test_metrics_shared.py).
@@ -210,7 +212,7 @@ class Metrics:
     """One registry per gateway process. Updates are deferred (:class:`_Deferred`).
 
     ``shared``: the directory of a ``--workers`` gateway's metrics, where this
-    worker writes its counts (at the end of each request and upstream call) and
+    worker writes its counts (as an upstream call or a request ends) and
     from which a scrape sums all the workers'. ``None``: this process alone, in memory.
     """
 
