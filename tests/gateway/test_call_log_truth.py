@@ -23,7 +23,7 @@ import pytest
 from payonce.reconcile.run import reconcile
 from payonce.sim.ledger import CSV_FIELDS
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
-from tests.gateway.test_observability import metric
+from tests.support.exposition import metric
 from tests.support.processes import Process
 
 SLOW = {"X-Sim-Delay-Ms": "2000"}

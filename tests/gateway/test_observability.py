@@ -15,23 +15,9 @@ import pytest
 
 from payonce.observe.pricing import PRICES
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
+from tests.support.exposition import metric
 
 NO_PACING = {"X-Sim-Token-Ms": "0"}
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in a Prometheus exposition, 0 when absent."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
-        if not match or match.group(1) != name:
-            continue
-        got = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
-        if got == wanted:
-            return float(match.group(3))
-    return 0.0
 
 
 def call_log(path: Path) -> list[dict[str, object]]:

@@ -21,7 +21,7 @@ import pytest
 from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
 
 from tests.gateway.conftest import GatewayFactory, Sim
-from tests.gateway.test_observability import metric
+from tests.support.exposition import metric
 from tests.support.processes import Process
 
 API_KEY = "sk-test-responses"

@@ -21,8 +21,9 @@ import orjson
 import pytest
 
 from tests.gateway.conftest import GatewayFactory, Sim, chat
+from tests.support.exposition import metric
 from tests.support.processes import Process
-from tests.support.workers import Connection, metric, workers_of
+from tests.support.workers import Connection, workers_of
 
 FORWARDED_2XX = {"outcome": "forwarded", "status_class": "2xx"}
 

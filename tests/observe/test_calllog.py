@@ -17,7 +17,7 @@ from payonce.gateway.keys import Tenants, tenant_of
 from payonce.gateway.observing import Observer, UpstreamFacts
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogWriter, CallRecord, _timestamp
 from payonce.observe.metrics import Metrics
-from tests.gateway.test_observability import metric
+from tests.support.exposition import metric
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "call-log.md"
 

@@ -17,7 +17,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from payonce.clock import ManualClock
 from payonce.gateway.observing import Observer, UpstreamFacts
 from payonce.observe.metrics import Metrics
-from tests.support.workers import metric
+from tests.support.exposition import metric
 
 
 @pytest.fixture

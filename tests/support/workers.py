@@ -10,10 +10,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 from pathlib import Path
 
-__all__ = ["Connection", "holder", "metric", "workers_of"]
+__all__ = ["Connection", "holder", "workers_of"]
 
 CHAT = {
     "model": "gpt-4o-mini",
@@ -107,18 +106,3 @@ class Connection:
 
     def close(self) -> None:
         self.http.close()
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in a Prometheus exposition, 0 when absent."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
-        if not match or match.group(1) != name:
-            continue
-        got = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
-        if got == wanted:
-            return float(match.group(3))
-    return 0.0

@@ -25,11 +25,11 @@ ambiguous failure without asking: repeating them is harmless (RFC 9110, 9.2.1).
 
 from __future__ import annotations
 
-import email.utils
 import enum
-import math
 
 import httpx2
+
+from payonce.retry_after import retry_after_seconds
 
 __all__ = [
     "ErrorClass",
@@ -108,36 +108,3 @@ def should_retry_header(headers: httpx2.Headers) -> bool | None:
     if value == "false":
         return False
     return None
-
-
-def retry_after_seconds(headers: httpx2.Headers, now: float) -> float | None:
-    """How long the server asked us to wait, or ``None``.
-
-    ``retry-after-ms`` (milliseconds, sent by OpenAI and Anthropic) wins over
-    ``Retry-After``, which is delta-seconds or an HTTP date (RFC 9110, 10.2.3);
-    ``now`` is the wall-clock time the date is compared with. Unparseable or
-    negative values are ignored, as urllib3 does.
-    """
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000
-        except ValueError:
-            value = math.nan
-        if 0 <= value < math.inf:
-            return value
-    text = headers.get("retry-after")
-    if text is None:
-        return None
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            return None
-        return max(0.0, when.timestamp() - now)
-    return value if 0 <= value < math.inf else None

@@ -279,7 +279,7 @@ def analyse(engine: Engine, files: Mapping[int, str], settings: AnalysisSettings
         truncated=truncated,
         outliers=_outliers(engine, files, settings),
         unmatched=_unmatched(engine, files, settings.top),
-        malformed=_malformed(engine, files, settings.malformed_listed),
+        malformed=malformed_listing(engine, files, settings.malformed_listed),
         malformed_rows=malformed_rows,
         unbilled_calls=unbilled,
         conflicting_request_ids=conflicting,
@@ -381,12 +381,15 @@ def _unmatched(engine: Engine, files: Mapping[int, str], top: int) -> tuple[Bill
     )
 
 
-def _malformed(engine: Engine, files: Mapping[int, str], per_file: int) -> tuple[MalformedRow, ...]:
+def malformed_listing(
+    engine: Engine, files: Mapping[int, str], per_file: int
+) -> tuple[MalformedRow, ...]:
+    """The first ``per_file`` malformed rows of each file, in line order."""
     rows = engine.rows(
         "SELECT src, line, reason FROM (SELECT *, row_number() OVER"
         " (PARTITION BY src ORDER BY line) AS n FROM malformed)"
         f" WHERE n <= {int(per_file)} ORDER BY src, line"
     )
     return tuple(
-        MalformedRow(files.get(src, "?"), int(line), str(reason)) for src, line, reason in rows
+        MalformedRow(files.get(src, "?"), int(line or 0), str(reason)) for src, line, reason in rows
     )

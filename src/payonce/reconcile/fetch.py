@@ -51,8 +51,6 @@ HTTP exception they came from, and nothing is logged.
 from __future__ import annotations
 
 import datetime as dt
-import email.message
-import email.utils
 import http.client
 import ipaddress
 import json
@@ -73,6 +71,7 @@ from typing import Any
 from payonce import __version__
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, PayonceError
+from payonce.retry_after import retry_after_seconds
 
 __all__ = [
     "ADMIN_KEY_ENV",
@@ -209,34 +208,6 @@ class FetchRetry:
     def backoff(self, retry: int, rng: random.Random) -> float:
         """The jittered wait before retry number ``retry`` (1-based), without ``Retry-After``."""
         return rng.uniform(0.0, min(self.backoff_max, self.backoff_initial * 2.0 ** (retry - 1)))
-
-
-def retry_after_seconds(headers: email.message.Message, now: float) -> float | None:
-    """The wait a provider asked for: ``retry-after-ms``, else ``Retry-After`` (RFC 9110, 10.2.3).
-
-    ``Retry-After`` is delta-seconds or an HTTP date, compared with ``now`` (wall
-    clock). Unparseable or negative values are ignored.
-    """
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000
-        except ValueError:
-            value = math.nan
-        if 0 <= value < math.inf:
-            return value
-    text = headers.get("retry-after")
-    if text is None:
-        return None
-    try:
-        value = float(text.strip())
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text.strip())
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, when.timestamp() - now) if when.tzinfo is not None else None
-    return value if 0 <= value < math.inf else None
 
 
 # ------------------------------------------------------------------ arguments

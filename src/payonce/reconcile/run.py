@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from payonce.errors import ConfigError
-from payonce.reconcile.analysis import AnalysisSettings, analyse
+from payonce.reconcile.analysis import AnalysisSettings, analyse, malformed_listing
 from payonce.reconcile.engine import Engine, EngineSettings, ProgressSink
 from payonce.reconcile.exports import (
     Export,
@@ -17,7 +17,7 @@ from payonce.reconcile.exports import (
 )
 from payonce.reconcile.keymap import KeyMap
 from payonce.reconcile.loading import LoadedSource, create_tables, load_source, resolve_columns
-from payonce.reconcile.report import InputSummary, MalformedRow, Report
+from payonce.reconcile.report import InputSummary, Report
 from payonce.reconcile.schema import CALL_FIELDS, REQUEST_JOIN_CALL_FIELDS, Side
 from payonce.reconcile.sniff import detect_format, read_head, sniff
 from payonce.reconcile.usage_analysis import analyse_usage, prepare_usage
@@ -173,7 +173,7 @@ def reconcile_usage(
         files = {source.index: source.label for source in sources}
         files.update({export.index: export.label for export in exports})
         malformed_rows = int(engine.scalar("SELECT count(*) FROM malformed") or 0)
-        malformed = _malformed(engine, files, options.analysis.malformed_listed)
+        malformed = malformed_listing(engine, files, options.analysis.malformed_listed)
     finally:
         engine.close()
     return UsageReport(
@@ -194,15 +194,4 @@ def reconcile_usage(
         malformed=malformed,
         period_start=result.period[0],
         period_end=result.period[1],
-    )
-
-
-def _malformed(engine: Engine, files: dict[int, str], per_file: int) -> tuple[MalformedRow, ...]:
-    rows = engine.rows(
-        "SELECT src, line, reason FROM (SELECT *, row_number() OVER"
-        " (PARTITION BY src ORDER BY line) AS n FROM malformed)"
-        f" WHERE n <= {int(per_file)} ORDER BY src, line"
-    )
-    return tuple(
-        MalformedRow(files.get(src, "?"), int(line or 0), str(reason)) for src, line, reason in rows
     )
