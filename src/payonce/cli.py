@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from payonce import __version__
 from payonce.config import GatewaySettings, load_toml, parse_duration, parse_size
@@ -67,6 +68,20 @@ def _env(name: str) -> str:
     return "PAYONCE_" + name.upper()
 
 
+def _env_only(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if (
+        value is not None
+        and ctx.get_parameter_source(str(param.name)) is ParameterSource.COMMANDLINE
+    ):
+        raise click.BadParameter(
+            "a key on the command line shows in the process list: set PAYONCE_ENCRYPTION_KEY"
+            " instead, or name a file of keys with --encryption-key-file",
+            ctx,
+            param,
+        )
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="payonce")
 def cli() -> None:
@@ -98,8 +113,39 @@ def cli() -> None:
     show_default=True,
     help="memory://, sqlite:///path.db, redis://host:port/db or redis+cluster://host:port",
 )
+@click.option(
+    "--encryption-key-file",
+    envvar=_env("encryption_key_file"),
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Encrypt stored bodies, headers and stream events (AES-256-GCM) with the keys in"
+    " this file, one per line: the first encrypts, all decrypt. Or set"
+    " PAYONCE_ENCRYPTION_KEY to the keys (comma-separated). `payonce encryption-key`"
+    " makes one.",
+)
+@click.option(
+    "--encryption-key",
+    envvar=_env("encryption_key"),
+    default=None,
+    hidden=True,  # PAYONCE_ENCRYPTION_KEY only: refused on the command line
+    callback=_env_only,
+)
 @click.option("--host", envvar=_env("host"), default="127.0.0.1", show_default=True)
 @click.option("--port", envvar=_env("port"), type=int, default=8080, show_default=True)
+@click.option(
+    "--tls-cert",
+    envvar=_env("tls_cert"),
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Serve HTTPS with this PEM certificate chain (and --tls-key).",
+)
+@click.option(
+    "--tls-key",
+    envvar=_env("tls_key"),
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The certificate's private key (PEM, unencrypted).",
+)
 @click.option(
     "--require-key/--no-require-key",
     envvar=_env("require_key"),
@@ -395,6 +441,28 @@ def tenant_id_command() -> None:
         if tenant == ANONYMOUS:
             raise ConfigError("tenant-id: 'Bearer' without a key is no credential")
         click.echo(tenant)
+
+
+@cli.command("encryption-key")
+@click.option("--id", "show_ids", is_flag=True, help="Print the ids of keys read from stdin.")
+def encryption_key_command(show_ids: bool) -> None:
+    """Print a new key for --encryption-key-file or PAYONCE_ENCRYPTION_KEY (its id on stderr).
+
+    \b
+    payonce encryption-key > /etc/payonce/keys && chmod 600 /etc/payonce/keys
+    payonce encryption-key --id < /etc/payonce/keys   # the id of each key, as logged
+
+    A key is 32 random bytes in base64url (43 characters).
+    """
+    from payonce.store.sealing import key_id, new_key, parse_keys
+
+    if show_ids:
+        for key in parse_keys(sys.stdin.read(), "encryption-key --id"):
+            click.echo(key_id(key).hex())
+        return
+    fresh = new_key()
+    click.echo(fresh)
+    click.echo(f"key id: {key_id(parse_keys(fresh, 'key')[0]).hex()}", err=True)
 
 
 cli.add_command(sim_command, "sim")

@@ -9,8 +9,9 @@ start-up with one line naming the flag, never later with a traceback.
 from __future__ import annotations
 
 import re
+import ssl
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -106,6 +107,14 @@ class GatewaySettings:
     # A keyed request while the store cannot answer: 503 ("closed") or forwarded
     # unprotected ("open"): availability over the promise of one run per key.
     on_store_failure: str = "closed"
+    # Encryption at rest (docs/gateway.md, "Encryption at rest"): the keys
+    # themselves (PAYONCE_ENCRYPTION_KEY only: never a flag, never printed) or
+    # a file of them.
+    encryption_key: str | None = field(default=None, repr=False)
+    encryption_key_file: str | None = None
+    # HTTPS (docs/gateway.md, "TLS"): PEM certificate chain and its private key.
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -179,6 +188,28 @@ class GatewaySettings:
             raise ConfigError(
                 f"--on-store-failure: {self.on_store_failure!r} is not closed or open"
             )
+        if self.encryption_key is not None or self.encryption_key_file is not None:
+            from payonce.store.sealing import load_keys  # only then: it checks the keys
+
+            load_keys(self.encryption_key, self.encryption_key_file)
+        if self.tls_cert is not None or self.tls_key is not None:
+            _check_tls(self.tls_cert, self.tls_key)
+
+
+def _check_tls(cert: str | None, key: str | None) -> None:
+    """Load the certificate and key once, so a bad pair fails at start-up in one line."""
+    if cert is None or key is None:
+        raise ConfigError("--tls-cert and --tls-key: give both (PEM files), or neither")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(path).is_file():
+            raise ConfigError(f"{flag}: {path} is not a file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"--tls-cert/--tls-key: cannot use {cert} with {key}: {exc}"
+            " (PEM certificate chain and its unencrypted private key)"
+        ) from None
 
 
 SETTING_NAMES = frozenset(field.name for field in fields(GatewaySettings))
@@ -204,6 +235,13 @@ def load_toml(path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for raw_name, value in table.items():
         name = raw_name.replace("-", "_")
+        if name == "encryption_key":
+            # Config files get copied, committed and shown; keys belong in a file
+            # of their own that only the gateway's user can read.
+            raise ConfigError(
+                f"--config: {raw_name!r} in {path}: put the keys in a file of their own"
+                " (mode 0600) and name it with encryption-key-file"
+            )
         if name not in SETTING_NAMES:
             raise ConfigError(f"--config: unknown setting {raw_name!r} in {path}")
         values[name] = value

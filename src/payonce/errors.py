@@ -19,8 +19,9 @@
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
     │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
-    │   └── StoreUnavailable (ConnectionError)  503: nothing ran; retry later
-    │       └── StoreTimeout (TimeoutError)
+    │   ├── StoreUnavailable (ConnectionError)  503: nothing ran; retry later
+    │   │   └── StoreTimeout (TimeoutError)
+    │   └── RecordUnreadable                    503: a stored response cannot be decrypted
     └── LeaseLost                               a fenced write lost its lease (internal)
 
 Third-party errors (sqlite3, aiohttp) are translated once, at the boundary of the
@@ -44,6 +45,7 @@ __all__ = [
     "NotFound",
     "PayonceError",
     "ProblemError",
+    "RecordUnreadable",
     "RequestInProgress",
     "RequestTimeout",
     "StoreTimeout",
@@ -186,3 +188,17 @@ class StoreUnavailable(ProblemError, ConnectionError):
 
 class StoreTimeout(StoreUnavailable, TimeoutError):
     slug, title = "store-timeout", "Idempotency store timed out"
+
+
+class RecordUnreadable(ProblemError):
+    # A stored response encrypted with a key this gateway lacks, or altered
+    # (payonce.store.sealing). Not a StoreUnavailable: --on-store-failure open
+    # must not forward it, since its first run was paid for and the operator can
+    # make the record readable again by adding the key. Not a 500: nothing is
+    # broken in payonce. Retrying is useless until the operator acts.
+    status, slug, title, should_retry = (
+        503,
+        "record-unreadable",
+        "Stored response cannot be decrypted",
+        False,
+    )

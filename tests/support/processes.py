@@ -6,12 +6,13 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,13 +47,15 @@ class Process:
         return self.log.read_text(errors="replace")
 
 
-def _wait_ready(proc: Process, ready_path: str, timeout: float) -> None:
+def _wait_ready(
+    proc: Process, ready_path: str, timeout: float, tls: ssl.SSLContext | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
             raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
         try:
-            with urllib.request.urlopen(proc.url + ready_path, timeout=1) as resp:
+            with urllib.request.urlopen(proc.url + ready_path, timeout=1, context=tls) as resp:
                 if resp.status < 500:
                     return
         except urllib.error.HTTPError as exc:
@@ -72,8 +75,19 @@ def start_payonce(
     ready_path: str,
     port: int | None = None,
     timeout: float = 20.0,
+    env: Mapping[str, str] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Process:
-    """Run ``python -m payonce <args> --port <free port>`` and wait until it answers."""
+    """Run ``python -m payonce <args> --port <free port>`` and wait until it answers.
+
+    ``env``: variables added to (or, with a value of ``""``, removed from) this
+    process's environment. ``tls``: the process serves HTTPS; check it with this
+    client context.
+    """
+    child_env = {**os.environ, **(env or {})}
+    for name, value in (env or {}).items():
+        if value == "":
+            del child_env[name]
     port = port or free_port()
     log = log_dir / f"{args[0]}-{port}.log"
     with log.open("wb") as handle:  # the child keeps its own copy of the descriptor
@@ -82,9 +96,11 @@ def start_payonce(
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so stop() also ends its children
+            env=child_env,
         )
-    proc = Process(popen=popen, url=f"http://127.0.0.1:{port}", log=log)
-    _wait_ready(proc, ready_path, timeout)
+    scheme = "https" if tls is not None else "http"
+    proc = Process(popen=popen, url=f"{scheme}://127.0.0.1:{port}", log=log)
+    _wait_ready(proc, ready_path, timeout, tls)
     return proc
 
 

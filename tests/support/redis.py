@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.apt import installed
+from tests.support.tls import Certificates
 
 __all__ = ["RedisCluster", "RedisServer", "redis_binaries", "running_cluster", "running_redis"]
 
@@ -76,10 +77,19 @@ class RedisServer:
     directory: Path
     cluster: bool = False
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # Also serve TLS on tls_port with these files (the plain port stays, for the tests).
+    tls: Certificates | None = None
+    tls_port: int = 0
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        """``rediss://`` to the TLS port, trusting the test CA (redis-py's ``ssl_ca_certs``)."""
+        assert self.tls is not None
+        return f"rediss://127.0.0.1:{self.tls_port}/0?ssl_ca_certs={self.tls.ca}"
 
     @property
     def log(self) -> Path:
@@ -90,6 +100,10 @@ class RedisServer:
         args = [server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--daemonize", "no", "--dir", str(self.directory)]
         args += ["--logfile", str(self.log)]
+        if self.tls is not None:
+            args += ["--tls-port", str(self.tls_port), "--tls-cert-file", str(self.tls.cert)]
+            args += ["--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca)]
+            args += ["--tls-auth-clients", "no"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
             args += ["--cluster-config-file", f"nodes-{self.port}.conf"]
@@ -134,9 +148,9 @@ class RedisCluster:
 
 
 @contextlib.contextmanager
-def running_redis(directory: Path) -> Iterator[RedisServer]:
-    """A standalone Redis on a free port, stopped on exit."""
-    server = RedisServer(_free_port(), directory)
+def running_redis(directory: Path, tls: Certificates | None = None) -> Iterator[RedisServer]:
+    """A standalone Redis on a free port, stopped on exit; with ``tls``, TLS on another port."""
+    server = RedisServer(_free_port(), directory, tls=tls, tls_port=_free_port() if tls else 0)
     server.start()
     try:
         yield server

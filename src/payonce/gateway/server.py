@@ -28,7 +28,8 @@ from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
-from payonce.store import open_store
+from payonce.store import Codec, Sealing, open_store
+from payonce.store.sealing import PLAIN, load_keys
 
 __all__ = ["WorkerLink", "run", "serve"]
 
@@ -128,7 +129,7 @@ async def serve(
         parse_upstream_url(settings.upstream)
     if settings.prices is not None:
         install_prices(load_prices(settings.prices))
-    store = open_store(settings.store, clock)
+    store = open_store(settings.store, clock, _codec(settings))
     try:
         async with contextlib.AsyncExitStack() as stack:
             upstream_url = settings.upstream
@@ -171,6 +172,10 @@ async def serve(
                 log_level=settings.log_level,
                 proxy_headers=False,  # the gateway never reads the client address
                 timeout_graceful_shutdown=5,
+                # uvicorn's own SSL context (TLS 1.2 and up, Python's default ciphers);
+                # the pair was loaded once already by GatewaySettings.
+                ssl_certfile=settings.tls_cert,
+                ssl_keyfile=settings.tls_key,
             )
             # After the Config: it (re)configures uvicorn's loggers.
             logging.getLogger("uvicorn.error").addFilter(_BrokenOnPurpose())
@@ -183,7 +188,8 @@ async def serve(
             gc.freeze()
             gc.set_threshold(7000, 20, 20)
             log.info(
-                "payonce gateway on http://%s:%d -> %s (store %s)",
+                "payonce gateway on %s://%s:%d -> %s (store %s)",
+                "https" if settings.tls_cert else "http",
                 settings.host,
                 settings.port,
                 upstream_url,
@@ -196,6 +202,24 @@ async def serve(
                 await gateway.drain(grace=settings.lease)
     finally:
         await store.close()
+
+
+def _codec(settings: GatewaySettings) -> Codec:
+    """How the store keeps response bodies, headers and events: sealed with the keys, or not."""
+    keys = load_keys(settings.encryption_key, settings.encryption_key_file)
+    if keys is None:
+        return PLAIN
+    if settings.store == "memory://":
+        log.info("memory:// keeps records in this process only: nothing to encrypt at rest")
+        return PLAIN
+    sealing = Sealing(keys)
+    ids = sealing.key_ids
+    log.info(
+        "encryption at rest: key %s encrypts%s",
+        ids[0],
+        f"; {', '.join(ids[1:])} only decrypt{'s' if len(ids) == 2 else ''}" if ids[1:] else "",
+    )
+    return sealing
 
 
 def run(

@@ -224,7 +224,8 @@ class _Supervisor:
             for number in range(1, self.settings.workers + 1):
                 self._spawn(number)
             log.info(
-                "payonce gateway on http://%s:%d -> %s (store %s), %d workers",
+                "payonce gateway on %s://%s:%d -> %s (store %s), %d workers",
+                "https" if self.settings.tls_cert else "http",
                 self.settings.host,
                 self.settings.port,
                 self.settings.upstream,

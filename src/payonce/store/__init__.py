@@ -10,15 +10,18 @@ from payonce.store.base import Claim, ClaimStatus, Record, RecordState, Store, S
 from payonce.store.memory import MemoryStore
 from payonce.store.redis import SCHEMES as REDIS_SCHEMES
 from payonce.store.redis import parse_redis_url
+from payonce.store.sealing import PLAIN, Codec, Sealing
 from payonce.store.sqlite import SQLiteStore
 
 __all__ = [
     "Claim",
     "ClaimStatus",
+    "Codec",
     "MemoryStore",
     "Record",
     "RecordState",
     "SQLiteStore",
+    "Sealing",
     "Store",
     "StoredResponse",
     "open_store",
@@ -41,8 +44,12 @@ def validate_store_url(url: str) -> str:
     )
 
 
-def open_store(url: str, clock: Clock | None = None) -> Store:
+def open_store(url: str, clock: Clock | None = None, codec: Codec = PLAIN) -> Store:
     """Open the store a ``--store`` URL names.
+
+    ``codec``: the stored form of response bodies, headers and events
+    (:mod:`payonce.store.sealing`); ``memory://`` ignores it, since it keeps
+    records only in the process's memory, as the key is.
 
     ``sqlite:///relative.db`` and ``sqlite:////absolute.db`` as in SQLAlchemy;
     ``?timeout=SECONDS`` sets how long a read or write waits for another
@@ -58,7 +65,7 @@ def open_store(url: str, clock: Clock | None = None) -> Store:
     if url.partition("://")[0] in REDIS_SCHEMES:
         from payonce.store.redis import RedisStore  # imports redis-py: only when used
 
-        return RedisStore(url, clock)
+        return RedisStore(url, clock, codec=codec)
     path, _, query = url[len("sqlite:///") :].partition("?")
     busy_timeout = 5.0
     for name, values in parse_qs(query, keep_blank_values=True).items():
@@ -70,4 +77,4 @@ def open_store(url: str, clock: Clock | None = None) -> Store:
             raise ConfigError(f"--store: timeout={values[-1]!r} is not a number") from None
         if not 0 <= busy_timeout <= 600:
             raise ConfigError("--store: timeout must be between 0 and 600 seconds")
-    return SQLiteStore(path, clock, busy_timeout=busy_timeout)
+    return SQLiteStore(path, clock, busy_timeout=busy_timeout, codec=codec)

@@ -41,6 +41,7 @@ from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
+from payonce.store.sealing import PLAIN, Codec
 from payonce.store.waiters import Waiters
 
 __all__ = ["SQLiteStore"]
@@ -120,13 +121,14 @@ PURGE_CHUNK = 1000
 _PURGE_PAUSE_MIN, _PURGE_PAUSE_MAX = 0.001, 0.1
 
 
-def _record(row: tuple[Any, ...]) -> Record:
+def _record(row: tuple[Any, ...], codec: Codec) -> Record:
     (tenant, key, fingerprint, state, token, created_at, lease_end, expires_at, completed_at,
      status, headers, body, replays, usage, cost_usd, stream, events) = row  # fmt: skip
     response = None
     if status is not None:
-        pairs = tuple((str(name), str(value)) for name, value in orjson.loads(headers))
-        response = StoredResponse(status, pairs, bytes(body or b""), stream=bool(stream))
+        response = codec.response_in(
+            tenant, key, status, bytes(headers), bytes(body or b""), bool(stream)
+        )
     return Record(
         tenant=tenant,
         key=key,
@@ -161,8 +163,11 @@ class SQLiteStore:
         *,
         busy_timeout: float = 5.0,
         poll_interval: float = 0.25,
+        codec: Codec = PLAIN,
     ) -> None:
+        """``codec``: the stored form of responses and events (:mod:`.sealing`)."""
         self._clock = clock or SystemClock()
+        self._codec = codec
         self._waiters = Waiters()
         self._poll_interval = poll_interval
         self._busy_timeout = busy_timeout
@@ -310,8 +315,8 @@ class SQLiteStore:
             (
                 now,
                 response.status,
-                orjson.dumps(response.headers),
-                response.body,
+                self._codec.headers_out(tenant, key, response.headers),
+                self._codec.body_out(tenant, key, response.body),
                 orjson.dumps(dict(usage)) if usage is not None else None,
                 cost_usd,
                 int(response.stream),
@@ -350,7 +355,7 @@ class SQLiteStore:
         held = self._write(
             "UPDATE payonce_records SET status = ?, headers = ?, body = NULL, stream = 1,"
             f" events = 0 WHERE {_HELD}",
-            (status, orjson.dumps(headers), tenant, key, token, now),
+            (status, self._codec.headers_out(tenant, key, headers), tenant, key, token, now),
         )
         # A previous holder's events go, but only if this holder's update held.
         cleared = self._write(
@@ -375,7 +380,7 @@ class SQLiteStore:
         # holder's stream.
         rows = ", ".join(["(?, ?)"] * len(events))
         values: list[object] = []
-        for offset, data in enumerate(events):
+        for offset, data in enumerate(self._codec.events_out(tenant, key, first, events)):
             values += (first + offset, data)
         inserts = [
             self._write(
@@ -397,7 +402,7 @@ class SQLiteStore:
             (tenant, key, after),
             one=False,
         )
-        return [bytes(row[0]) for row in rows]
+        return self._codec.events_in(tenant, key, after, [bytes(row[0]) for row in rows])
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
         # Submitted together, so the group commit makes them one transaction.
@@ -419,7 +424,7 @@ class SQLiteStore:
             (tenant, key, self._clock.now()),
             one=True,
         )
-        return _record(row) if row is not None else None
+        return _record(row, self._codec) if row is not None else None
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
         # Writers in this process wake us at once; writers in other processes

@@ -44,6 +44,7 @@ from payonce.store.redis.batch import Batcher
 from payonce.store.redis.keys import RecordKeys, record_keys
 from payonce.store.redis.notify import Notifications
 from payonce.store.redis.url import parse_redis_url
+from payonce.store.sealing import PLAIN, Codec
 
 __all__ = ["RedisStore"]
 
@@ -67,13 +68,13 @@ def _optional_float(value: bytes | None) -> float | None:
     return float(value) if value is not None else None
 
 
-def _record(tenant: str, key: str, fields: Mapping[bytes, bytes]) -> Record:
+def _record(tenant: str, key: str, fields: Mapping[bytes, bytes], codec: Codec) -> Record:
     response = None
     status = fields.get(b"status")
     if status is not None:
-        headers = tuple((str(name), str(value)) for name, value in orjson.loads(fields[b"headers"]))
+        stream = fields.get(b"stream") == b"1"
         body = fields.get(b"body", b"")
-        response = StoredResponse(int(status), headers, body, stream=fields.get(b"stream") == b"1")
+        response = codec.response_in(tenant, key, int(status), fields[b"headers"], body, stream)
     usage = fields.get(b"usage")
     return Record(
         tenant=tenant,
@@ -100,7 +101,8 @@ class RedisStore:
     bounds how late :meth:`wait` notices a change whose message was lost;
     ``expiry_margin`` is how long Redis keeps a record's keys past its ttl.
     ``auto_pipeline`` sends the commands of one event-loop turn as one pipeline
-    (:mod:`.batch`). Nothing connects until the first operation.
+    (:mod:`.batch`). ``codec`` gives the stored form of responses and events
+    (:mod:`payonce.store.sealing`). Nothing connects until the first operation.
     """
 
     def __init__(
@@ -111,8 +113,10 @@ class RedisStore:
         poll_interval: float = 1.0,
         expiry_margin: float = 60.0,
         auto_pipeline: bool = True,
+        codec: Codec = PLAIN,
     ) -> None:
         config = parse_redis_url(url)
+        self._codec = codec
         self._clock = clock or SystemClock()
         self._prefix = config.prefix
         self._poll_interval = poll_interval
@@ -205,7 +209,7 @@ class RedisStore:
             )
             return Claim(ClaimStatus.ACQUIRED, record)
         fields = dict(zip(reply[1::2], reply[2::2], strict=True))
-        return Claim(_STATUSES[reply[0]], _record(tenant, key, fields))
+        return Claim(_STATUSES[reply[0]], _record(tenant, key, fields, self._codec))
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
         now = self._clock.now()
@@ -232,8 +236,8 @@ class RedisStore:
             keys.channel,
             self._publish,
             response.status,
-            orjson.dumps(response.headers),
-            response.body,
+            self._codec.headers_out(tenant, key, response.headers),
+            self._codec.body_out(tenant, key, response.body),
             b"1" if response.stream else b"0",
             replays,
             orjson.dumps(dict(usage)) if usage is not None else b"",
@@ -252,7 +256,12 @@ class RedisStore:
         keys = self.keys(tenant, key)
         now = repr(self._clock.now())
         started = await self._run(
-            scripts.BEGIN_STREAM, keys, token, now, status, orjson.dumps(headers)
+            scripts.BEGIN_STREAM,
+            keys,
+            token,
+            now,
+            status,
+            self._codec.headers_out(tenant, key, headers),
         )
         return bool(started)
 
@@ -261,15 +270,16 @@ class RedisStore:
     ) -> bool:
         keys = self.keys(tenant, key)
         now = repr(self._clock.now())
+        stored = self._codec.events_out(tenant, key, first, events)
         added = await self._run(
-            scripts.APPEND_EVENTS, keys, token, now, keys.channel, self._publish, first, *events
+            scripts.APPEND_EVENTS, keys, token, now, keys.channel, self._publish, first, *stored
         )
         return bool(added)
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         keys = self.keys(tenant, key)
         events = await self._run(scripts.READ_EVENTS, keys, repr(self._clock.now()), after)
-        return list(events)
+        return self._codec.events_in(tenant, key, after, list(events))
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
         if not counts:
@@ -310,7 +320,7 @@ class RedisStore:
             raise _translate(exc) from exc
         if not fields or float(fields[b"expires_at"]) <= self._clock.now():
             return None
-        return _record(tenant, key, fields)
+        return _record(tenant, key, fields, self._codec)
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
         # Subscribe first, then read: a change after the read always wakes us.

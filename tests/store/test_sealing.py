@@ -1,0 +1,228 @@
+"""Encryption at rest (payonce.store.sealing): the codec alone, then every store that serialises.
+
+The stores are real: SQLite files, and Redis and Redis Cluster servers started
+for the session (tests/store/conftest.py). What they hold is read back raw (the
+database file and its WAL, the Redis keys) and searched for the plaintext.
+"""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from payonce.clock import ManualClock
+from payonce.config import GatewaySettings
+from payonce.errors import ConfigError, RecordUnreadable
+from payonce.store import SQLiteStore, Store, StoredResponse
+from payonce.store import sealing as sealing_module
+from payonce.store.redis import RedisStore
+from payonce.store.sealing import PLAIN, Codec, Sealing, key_id, new_key, parse_keys
+from tests.support.redis import RedisCluster, RedisServer
+
+KEY_A, KEY_B = parse_keys(f"{new_key()},{new_key()}", "test")
+ANSWER = b'{"choices":[{"message":{"content":"the secret answer is 42"}}]}'
+HEADERS = (("content-type", "application/json"), ("x-request-id", "req-secret-7"))
+EVENTS = [
+    b'data: {"delta":"the secret"}\n\n',
+    b'data: {"delta":" answer"}\n\n',
+    b"data: [DONE]\n\n",
+]
+SECRETS = (b"secret", b"req-secret-7")
+
+
+def test_sealed_values_hold_no_plaintext_and_open_to_what_was_sealed() -> None:
+    codec = Sealing([KEY_A])
+    headers, body = codec.headers_out("t", "k", HEADERS), codec.body_out("t", "k", ANSWER)
+    events = codec.events_out("t", "k", 1, EVENTS)
+    for value in (headers, body, *events):
+        assert value.startswith(sealing_module.MAGIC)
+        assert not any(secret in value for secret in SECRETS)
+    assert codec.response_in("t", "k", 200, headers, body, False) == StoredResponse(
+        200, HEADERS, ANSWER
+    )
+    assert codec.events_in("t", "k", 0, events) == EVENTS
+    assert codec.events_in("t", "k", 1, events[1:]) == EVENTS[1:]
+    # A nonce per value: the same plaintext never gives the same ciphertext.
+    assert codec.body_out("t", "k", ANSWER) != body
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["another key", "another tenant", "headers as body", "another event number"],
+)
+def test_a_value_moved_to_another_place_does_not_decrypt(where: str) -> None:
+    codec = Sealing([KEY_A])
+    headers, body = codec.headers_out("t", "k", HEADERS), codec.body_out("t", "k", ANSWER)
+    events = codec.events_out("t", "k", 1, EVENTS)
+    reads: dict[str, Callable[[], object]] = {
+        "another key": lambda: codec.response_in("t", "k2", 200, headers, body, False),
+        "another tenant": lambda: codec.response_in("t2", "k", 200, headers, body, False),
+        "headers as body": lambda: codec.response_in("t", "k", 200, headers, headers, False),
+        "another event number": lambda: codec.events_in("t", "k", 0, [events[1], events[0]]),
+    }
+    with pytest.raises(RecordUnreadable, match="altered, or copied from another record"):
+        reads[where]()
+
+
+def test_rotation_decrypts_with_any_key_and_encrypts_with_the_first() -> None:
+    old = Sealing([KEY_A])
+    body = old.body_out("t", "k", ANSWER)
+    rotated = Sealing([KEY_B, KEY_A])
+    assert rotated.response_in("t", "k", 200, old.headers_out("t", "k", ()), body, False).body == (
+        ANSWER
+    )
+    new = rotated.body_out("t", "k", ANSWER)
+    assert new[4:8] == key_id(KEY_B) and body[4:8] == key_id(KEY_A)
+    assert rotated.key_ids == [key_id(KEY_B).hex(), key_id(KEY_A).hex()]
+
+
+def test_a_key_the_gateway_lacks_is_named_in_the_error() -> None:
+    body = Sealing([KEY_A]).body_out("t", "k", ANSWER)
+    headers = Sealing([KEY_A]).headers_out("t", "k", HEADERS)
+    with pytest.raises(RecordUnreadable) as caught:
+        Sealing([KEY_B]).response_in("t", "k", 200, headers, body, False)
+    assert f"encrypted with key {key_id(KEY_A).hex()}" in caught.value.detail
+    assert (caught.value.status, caught.value.should_retry) == (503, False)
+    with pytest.raises(RecordUnreadable, match="has no encryption key"):
+        PLAIN.response_in("t", "k", 200, headers, body, False)
+
+
+def test_records_written_before_encryption_was_turned_on_still_read() -> None:
+    headers, body = PLAIN.headers_out("t", "k", HEADERS), PLAIN.body_out("t", "k", ANSWER)
+    assert Sealing([KEY_A]).response_in("t", "k", 200, headers, body, False).body == ANSWER
+    assert Sealing([KEY_A]).events_in("t", "k", 0, EVENTS) == EVENTS
+
+
+def test_a_new_derived_key_after_its_quota_and_the_old_values_still_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sealing_module, "_VALUES_PER_SALT", 2)
+    codec = Sealing([KEY_A])
+    first, second, third = (codec.body_out("t", "k", ANSWER) for _ in range(3))
+    assert first[8:16] == second[8:16] != third[8:16]  # the salt: another derived key
+    for value in (first, second, third):
+        assert codec.response_in("t", "k", 200, b"[]", value, False).body == ANSWER
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no key"),
+        ("c2hvcnQ", "key 1 is not 32 bytes"),
+        (f"{new_key()},not-base64-at-all!", "key 2 is not 32 bytes"),
+        (f"{base64.urlsafe_b64encode(KEY_A).decode()}\n{new_key()}\n"
+         f"{base64.urlsafe_b64encode(KEY_A).decode().rstrip('=')}", "key 3 repeats"),
+    ],
+)  # fmt: skip
+def test_bad_keys_fail_at_start_up_without_repeating_them(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        GatewaySettings(encryption_key=text)
+    for item in text.replace(",", "\n").split():
+        assert item not in str(caught.value)
+
+
+def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{new_key()}\n{new_key()}\n")
+    assert "encryption_key=" not in repr(GatewaySettings(encryption_key=new_key()))
+    GatewaySettings(encryption_key_file=str(keys))
+    with pytest.raises(ConfigError, match="use one of the two"):
+        GatewaySettings(encryption_key=new_key(), encryption_key_file=str(keys))
+    with pytest.raises(ConfigError, match="does not exist"):
+        GatewaySettings(encryption_key_file=str(tmp_path / "missing"))
+
+
+# Every store that writes records down: a response and a stream, then the raw bytes.
+SERIALISING = ("sqlite", "redis", "redis-cluster")
+
+
+def _raw_sqlite(path: Path) -> bytes:
+    # Keys and values as the table holds them, to see the records are there at all.
+    rows = sqlite3.connect(path).execute("SELECT tenant || ':' || key FROM payonce_records")
+    names = b"".join(row[0].encode() for row in rows)
+    # The WAL holds the latest commits until a checkpoint.
+    return names + b"".join(p.read_bytes() for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+def _raw_redis(*ports: int) -> bytes:
+    raw = b""
+    for port in ports:  # every node of a cluster, each on its own
+        raw += _raw_node(redis.Redis(host="127.0.0.1", port=port))
+    return raw
+
+
+def _raw_node(client: redis.Redis) -> bytes:  # type: ignore[type-arg]
+    raw = b""
+    for name in client.keys("*"):
+        raw += name
+        kind = client.type(name)
+        if kind == b"hash":
+            raw += b"".join(k + v for k, v in client.hgetall(name).items())
+        elif kind == b"list":
+            raw += b"".join(client.lrange(name, 0, -1))
+    return raw
+
+
+Opener = Callable[[Codec], Store]
+
+
+@pytest.fixture(params=SERIALISING)
+def serialising(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> tuple[Opener, Callable[[], bytes]]:
+    """Opens stores with a codec on one empty backend; reads all it holds, raw."""
+    if request.param == "sqlite":
+        path = tmp_path / "sealed.db"
+        return lambda codec: SQLiteStore(str(path), clock, codec=codec), lambda: _raw_sqlite(path)
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        server.flush()
+        return (
+            lambda codec: RedisStore(server.url, clock, codec=codec),
+            lambda: _raw_redis(server.port),
+        )
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    cluster.flush()
+    ports = [node.port for node in cluster.nodes]
+    return lambda codec: RedisStore(cluster.url, clock, codec=codec), lambda: _raw_redis(*ports)
+
+
+async def test_every_serialising_store_holds_only_ciphertext(
+    serialising: tuple[Opener, Callable[[], bytes]],
+) -> None:
+    open_store, raw = serialising
+    store, plain = open_store(Sealing([KEY_A])), open_store(PLAIN)
+    try:
+        whole = await store.claim("tenant-a", "whole", "fp", lease=30, ttl=3600)
+        response = StoredResponse(200, HEADERS, ANSWER)
+        assert await store.complete("tenant-a", "whole", whole.record.token, response)
+        streamed = await store.claim("tenant-a", "stream", "fp", lease=30, ttl=3600)
+        token = streamed.record.token
+        assert await store.begin_stream("tenant-a", "stream", token, 200, HEADERS)
+        assert await store.append_events("tenant-a", "stream", token, 1, EVENTS[:2])
+        assert await store.append_events("tenant-a", "stream", token, 3, EVENTS[2:])
+        stored = await store.get("tenant-a", "whole")
+        assert stored is not None and stored.response == response
+        again = await store.claim("tenant-a", "stream", "fp", lease=30, ttl=3600)
+        assert again.record.response is not None and again.record.response.headers == HEADERS
+        assert await store.read_events("tenant-a", "stream") == EVENTS
+        assert await store.read_events("tenant-a", "stream", after=2) == EVENTS[2:]
+        written = raw()
+        # The raw read sees both records (on a cluster they may live on two nodes).
+        assert b"tenant-a:whole" in written and b"tenant-a:stream" in written
+        for secret in (*SECRETS, b"content-type", b"DONE"):
+            assert secret not in written
+        # The control: without a key the same answer is there to be found.
+        control = await plain.claim("tenant-a", "control", "fp", lease=30, ttl=3600)
+        assert await plain.complete("tenant-a", "control", control.record.token, response)
+        assert b"the secret answer is 42" in raw()
+        with pytest.raises(RecordUnreadable, match="has no encryption key"):
+            await plain.get("tenant-a", "whole")
+    finally:
+        await store.close()
+        await plain.close()
