@@ -14,11 +14,13 @@ out::
 
 A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``).
 ``--kind keyed`` sends a new Idempotency-Key per request (the keyed first call),
-``plain`` none (pass-through). ``--workers N`` runs ``payonce serve --workers N``
-and counts every process (supervisor and workers; callgrind follows the forks,
-one output file each); the one connection is served by one worker, the others
-idle. ``--call-log`` writes the call log to a file in the run's directory.
-``--rounds R`` measures base and new R times, alternating, and reports each.
+``plain`` none (pass-through), ``replay`` one key for all (the first runs, the
+others replay), ``stream`` a new key per streamed request. ``--workers N`` runs
+``payonce serve --workers N`` and counts every process (supervisor and workers;
+callgrind follows the forks, one output file each); the one connection is
+served by one worker, the others idle. ``--call-log`` writes the call log to a
+file in the run's directory. ``--rounds R`` measures base and new R times,
+alternating, and reports each.
 Needs valgrind. About a minute per checkout and round (two with ``--workers``).
 """
 
@@ -28,6 +30,7 @@ import argparse
 import glob
 import http.client
 import json
+import os
 import shutil
 import signal
 import socket
@@ -35,11 +38,13 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 BODY = json.dumps(
     {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 )
+STREAM_BODY = json.dumps({**json.loads(BODY), "stream": True})
 
 
 def _port() -> int:
@@ -63,9 +68,18 @@ def _wait_ready(port: int, timeout: float = 300) -> None:
 
 
 def total_instructions(
-    checkout: Path, kind: str, requests: int, workers: int = 1, call_log: bool = False
+    checkout: Path,
+    kind: str,
+    requests: int,
+    workers: int = 1,
+    call_log: bool = False,
+    flags: Sequence[str] = (),
+    env: Mapping[str, str | None] | None = None,
 ) -> dict[str, int]:
     """Instructions the gateway of ``checkout`` ran, from start to stop, for ``requests``.
+
+    ``flags``: more ``payonce serve`` flags; ``env``: variables set for the
+    gateway (``None`` removes one).
 
     ``total`` sums its processes; with ``workers`` > 1 also ``supervisor``,
     ``serving`` (the worker that served the one connection: the busiest) and
@@ -86,20 +100,31 @@ def total_instructions(
         serve += ["--workers", str(workers)]
     if call_log:
         serve += ["--call-log", str(work / "calls.jsonl")]
+    serve += flags
+    environment = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/callgrind.%p", *serve],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=work,
+        env=environment,
     )
     try:
         _wait_ready(gateway_port)
         connection = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=60)
+        body = STREAM_BODY if kind == "stream" else BODY
         for _ in range(requests):
             headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
-            if kind == "keyed":
+            if kind in ("keyed", "stream"):
                 headers["Idempotency-Key"] = f"k-{uuid.uuid4()}"
-            connection.request("POST", "/v1/chat/completions", body=BODY, headers=headers)
+            elif kind == "replay":
+                headers["Idempotency-Key"] = "k-replayed"
+            connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
             answer = connection.getresponse()
             answer.read()
             if answer.status != 200:
@@ -129,11 +154,18 @@ def total_instructions(
 
 
 def per_request(
-    checkout: Path, kind: str, small: int, large: int, workers: int = 1, call_log: bool = False
+    checkout: Path,
+    kind: str,
+    small: int,
+    large: int,
+    workers: int = 1,
+    call_log: bool = False,
+    flags: Sequence[str] = (),
+    env: Mapping[str, str | None] | None = None,
 ) -> dict[str, float]:
     """Instructions per request, from the difference of a small and a large run."""
-    low = total_instructions(checkout, kind, small, workers, call_log)
-    high = total_instructions(checkout, kind, large, workers, call_log)
+    low = total_instructions(checkout, kind, small, workers, call_log, flags, env)
+    high = total_instructions(checkout, kind, large, workers, call_log, flags, env)
     return {part: (high[part] - low[part]) / (large - small) for part in high}
 
 
@@ -141,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="the baseline checkout")
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
-    parser.add_argument("--kind", choices=("keyed", "plain"), default="keyed")
+    parser.add_argument("--kind", choices=("keyed", "plain", "replay", "stream"), default="keyed")
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")

@@ -35,34 +35,47 @@ EVENTS = [
 SECRETS = (b"secret", b"req-secret-7")
 
 
+RESPONSE = StoredResponse(200, HEADERS, ANSWER)
+STREAM = StoredResponse(200, HEADERS, b"", stream=True)
+
+
+def _read(codec: Codec, stored: tuple[bytes, bytes], tenant: str = "t", key: str = "k") -> bytes:
+    return codec.response_in(tenant, key, 200, *stored, False).body
+
+
 def test_sealed_values_hold_no_plaintext_and_open_to_what_was_sealed() -> None:
     codec = Sealing([KEY_A])
-    headers, body = codec.headers_out("t", "k", HEADERS), codec.body_out("t", "k", ANSWER)
+    headers, body = codec.response_out("t", "k", RESPONSE)
+    assert headers == sealing_module.MAGIC, "a whole response is one value, in the body's place"
+    stream_headers, stream_body = codec.response_out("t", "k", STREAM)
+    assert stream_body == b"" and codec.headers_out("t", "k", HEADERS)[:4] == sealing_module.MAGIC
     events = codec.events_out("t", "k", 1, EVENTS)
-    for value in (headers, body, *events):
+    for value in (body, stream_headers, *events):
         assert value.startswith(sealing_module.MAGIC)
         assert not any(secret in value for secret in SECRETS)
-    assert codec.response_in("t", "k", 200, headers, body, False) == StoredResponse(
-        200, HEADERS, ANSWER
-    )
+    assert codec.response_in("t", "k", 200, headers, body, False) == RESPONSE
+    assert codec.response_in("t", "k", 200, stream_headers, b"", True) == STREAM
     assert codec.events_in("t", "k", 0, events) == EVENTS
     assert codec.events_in("t", "k", 1, events[1:]) == EVENTS[1:]
     # A nonce per value: the same plaintext never gives the same ciphertext.
-    assert codec.body_out("t", "k", ANSWER) != body
+    assert codec.response_out("t", "k", RESPONSE)[1] != body
+    empty = StoredResponse(204, (), b"")
+    assert codec.response_in("t", "k", 204, *codec.response_out("t", "k", empty), False) == empty
 
 
 @pytest.mark.parametrize(
     "where",
-    ["another key", "another tenant", "headers as body", "another event number"],
+    ["another key", "another tenant", "stream headers as a response", "another event number"],
 )
 def test_a_value_moved_to_another_place_does_not_decrypt(where: str) -> None:
     codec = Sealing([KEY_A])
-    headers, body = codec.headers_out("t", "k", HEADERS), codec.body_out("t", "k", ANSWER)
+    stored = codec.response_out("t", "k", RESPONSE)
+    stream_headers = codec.headers_out("t", "k", HEADERS)
     events = codec.events_out("t", "k", 1, EVENTS)
     reads: dict[str, Callable[[], object]] = {
-        "another key": lambda: codec.response_in("t", "k2", 200, headers, body, False),
-        "another tenant": lambda: codec.response_in("t2", "k", 200, headers, body, False),
-        "headers as body": lambda: codec.response_in("t", "k", 200, headers, headers, False),
+        "another key": lambda: _read(codec, stored, key="k2"),
+        "another tenant": lambda: _read(codec, stored, tenant="t2"),
+        "stream headers as a response": lambda: _read(codec, (stored[0], stream_headers)),
         "another event number": lambda: codec.events_in("t", "k", 0, [events[1], events[0]]),
     }
     with pytest.raises(RecordUnreadable, match="altered, or copied from another record"):
@@ -70,31 +83,30 @@ def test_a_value_moved_to_another_place_does_not_decrypt(where: str) -> None:
 
 
 def test_rotation_decrypts_with_any_key_and_encrypts_with_the_first() -> None:
-    old = Sealing([KEY_A])
-    body = old.body_out("t", "k", ANSWER)
+    old = Sealing([KEY_A]).response_out("t", "k", RESPONSE)
     rotated = Sealing([KEY_B, KEY_A])
-    assert rotated.response_in("t", "k", 200, old.headers_out("t", "k", ()), body, False).body == (
-        ANSWER
-    )
-    new = rotated.body_out("t", "k", ANSWER)
-    assert new[4:8] == key_id(KEY_B) and body[4:8] == key_id(KEY_A)
+    assert _read(rotated, old) == ANSWER
+    new = rotated.response_out("t", "k", RESPONSE)
+    assert new[1][4:8] == key_id(KEY_B) and old[1][4:8] == key_id(KEY_A)
     assert rotated.key_ids == [key_id(KEY_B).hex(), key_id(KEY_A).hex()]
 
 
 def test_a_key_the_gateway_lacks_is_named_in_the_error() -> None:
-    body = Sealing([KEY_A]).body_out("t", "k", ANSWER)
-    headers = Sealing([KEY_A]).headers_out("t", "k", HEADERS)
+    stored = Sealing([KEY_A]).response_out("t", "k", RESPONSE)
     with pytest.raises(RecordUnreadable) as caught:
-        Sealing([KEY_B]).response_in("t", "k", 200, headers, body, False)
+        _read(Sealing([KEY_B]), stored)
     assert f"encrypted with key {key_id(KEY_A).hex()}" in caught.value.detail
     assert (caught.value.status, caught.value.should_retry) == (503, False)
-    with pytest.raises(RecordUnreadable, match="has no encryption key"):
-        PLAIN.response_in("t", "k", 200, headers, body, False)
+    for sealed in (stored, (Sealing([KEY_A]).headers_out("t", "k", HEADERS), b"")):
+        with pytest.raises(RecordUnreadable, match="has no encryption key"):
+            _read(PLAIN, sealed)
+    with pytest.raises(RecordUnreadable, match="damaged"):
+        _read(Sealing([KEY_A]), (sealing_module.MAGIC, ANSWER))
 
 
 def test_records_written_before_encryption_was_turned_on_still_read() -> None:
-    headers, body = PLAIN.headers_out("t", "k", HEADERS), PLAIN.body_out("t", "k", ANSWER)
-    assert Sealing([KEY_A]).response_in("t", "k", 200, headers, body, False).body == ANSWER
+    stored = PLAIN.response_out("t", "k", RESPONSE)
+    assert Sealing([KEY_A]).response_in("t", "k", 200, *stored, False) == RESPONSE
     assert Sealing([KEY_A]).events_in("t", "k", 0, EVENTS) == EVENTS
 
 
@@ -103,10 +115,10 @@ def test_a_new_derived_key_after_its_quota_and_the_old_values_still_open(
 ) -> None:
     monkeypatch.setattr(sealing_module, "_VALUES_PER_SALT", 2)
     codec = Sealing([KEY_A])
-    first, second, third = (codec.body_out("t", "k", ANSWER) for _ in range(3))
-    assert first[8:16] == second[8:16] != third[8:16]  # the salt: another derived key
-    for value in (first, second, third):
-        assert codec.response_in("t", "k", 200, b"[]", value, False).body == ANSWER
+    first, second, third = (codec.response_out("t", "k", RESPONSE) for _ in range(3))
+    assert first[1][8:16] == second[1][8:16] != third[1][8:16]  # the salt: another derived key
+    for stored in (first, second, third):
+        assert _read(codec, stored) == ANSWER
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,13 @@
 """Encryption at rest: the codec the stores call on response bodies, headers and stream events.
 
 A store never writes a response in its own format: it asks its codec for the
-stored form of the headers (bytes), the body and each event, and hands what it
-read back to the codec. :data:`PLAIN` stores them as they are (headers as JSON
-pairs); :class:`Sealing` (``PAYONCE_ENCRYPTION_KEY``) encrypts each of them
-with AES-256-GCM. Everything else in a record (tenant hash, key, fingerprint,
+stored form of the headers and the body (two byte strings, for its two
+columns or fields) and of each event, and hands what it read back to the
+codec. :data:`PLAIN` stores them as they are (headers as JSON pairs);
+:class:`Sealing` (``PAYONCE_ENCRYPTION_KEY``) encrypts them with AES-256-GCM:
+a whole response as one value (headers and body together, in the body's
+place; the headers' place holds only :data:`MAGIC`), a stream's headers as one
+value and each of its events as one. Everything else in a record (tenant hash, key, fingerprint,
 state, times, status code, usage, cost) stays in the clear: the stores and the
 status endpoint need it, and it holds no content of the call.
 
@@ -21,8 +24,8 @@ A sealed value::
   after 2**28 values. Nonces are random (96 bits, ``os.urandom``); NIST SP
   800-38D allows 2**32 random nonces per key, so no derived key comes near it,
   however long a key stays configured.
-* **associated data**: the part (``headers``, ``body``, ``event``), the
-  tenant, the key, and for an event its number. A value copied to another
+* **associated data**: the part (``response``, ``headers`` of a stream,
+  ``event``), the tenant, the key, and for an event its number. A value copied to another
   record, another tenant, another part or another place in a stream does not
   decrypt.
 
@@ -86,11 +89,11 @@ class Codec(Protocol):
     """
 
     def headers_out(self, tenant: str, key: str, headers: tuple[tuple[str, str], ...]) -> bytes:
-        """The stored form of a response's headers."""
+        """The stored form of the headers of a stream that begins."""
         ...
 
-    def body_out(self, tenant: str, key: str, body: bytes) -> bytes:
-        """The stored form of a response's body."""
+    def response_out(self, tenant: str, key: str, response: StoredResponse) -> tuple[bytes, bytes]:
+        """The stored form of a completed response: what goes where headers and body go."""
         ...
 
     def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
@@ -118,8 +121,8 @@ class _Plain:
     def headers_out(self, tenant: str, key: str, headers: tuple[tuple[str, str], ...]) -> bytes:
         return orjson.dumps(headers)
 
-    def body_out(self, tenant: str, key: str, body: bytes) -> bytes:
-        return body
+    def response_out(self, tenant: str, key: str, response: StoredResponse) -> tuple[bytes, bytes]:
+        return orjson.dumps(response.headers), response.body
 
     def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
         return list(events)
@@ -298,9 +301,13 @@ class Sealing:
     def headers_out(self, tenant: str, key: str, headers: tuple[tuple[str, str], ...]) -> bytes:
         return self._seal(orjson.dumps(headers), _aad(b"headers", tenant, key))
 
-    def body_out(self, tenant: str, key: str, body: bytes) -> bytes:
-        # An empty body (every stream's) says nothing worth a seal.
-        return self._seal(body, _aad(b"body", tenant, key)) if body else body
+    def response_out(self, tenant: str, key: str, response: StoredResponse) -> tuple[bytes, bytes]:
+        if response.stream:  # no body: its events are sealed one by one
+            return self.headers_out(tenant, key, response.headers), b""
+        # One value, not two: a seal costs as much as the rest of storing a response.
+        headers = orjson.dumps(response.headers)
+        whole = len(headers).to_bytes(4, "big") + headers + response.body
+        return MAGIC, self._seal(whole, _aad(b"response", tenant, key))
 
     def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
         aad = _aad(b"event", tenant, key)
@@ -309,10 +316,16 @@ class Sealing:
     def response_in(
         self, tenant: str, key: str, status: int, headers: bytes, body: bytes, stream: bool
     ) -> StoredResponse:
-        pairs = _pairs(self._open(headers, _aad(b"headers", tenant, key), key))
-        if body:
-            body = self._open(body, _aad(b"body", tenant, key), key)
-        return StoredResponse(status, pairs, body, stream=stream)
+        if headers == MAGIC:  # a whole response, headers and body in one value
+            if body[:4] != MAGIC:
+                raise _unreadable(key, "is damaged (its body is not an encrypted value)")
+            whole = self._open(body, _aad(b"response", tenant, key), key)
+            end = 4 + int.from_bytes(whole[:4], "big")
+            return StoredResponse(status, _pairs(whole[4:end]), whole[end:], stream=stream)
+        # A stream's headers, or a record from before encryption (both parts plain).
+        return StoredResponse(
+            status, _pairs(self._open(headers, _aad(b"headers", tenant, key), key)), body, stream
+        )
 
     def events_in(self, tenant: str, key: str, after: int, stored: list[bytes]) -> list[bytes]:
         aad = _aad(b"event", tenant, key)

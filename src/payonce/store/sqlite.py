@@ -126,9 +126,7 @@ def _record(row: tuple[Any, ...], codec: Codec) -> Record:
      status, headers, body, replays, usage, cost_usd, stream, events) = row  # fmt: skip
     response = None
     if status is not None:
-        response = codec.response_in(
-            tenant, key, status, bytes(headers), bytes(body or b""), bool(stream)
-        )
+        response = codec.response_in(tenant, key, status, headers, bytes(body or b""), bool(stream))
     return Record(
         tenant=tenant,
         key=key,
@@ -315,8 +313,7 @@ class SQLiteStore:
             (
                 now,
                 response.status,
-                self._codec.headers_out(tenant, key, response.headers),
-                self._codec.body_out(tenant, key, response.body),
+                *self._codec.response_out(tenant, key, response),
                 orjson.dumps(dict(usage)) if usage is not None else None,
                 cost_usd,
                 int(response.stream),
