@@ -449,7 +449,8 @@ def encryption_key_command(show_ids: bool) -> None:
     """Print a new key for --encryption-key-file or PAYONCE_ENCRYPTION_KEY (its id on stderr).
 
     \b
-    payonce encryption-key > /etc/payonce/keys && chmod 600 /etc/payonce/keys
+    (umask 077; payonce encryption-key > /etc/payonce/keys)   # readable by you alone
+    payonce encryption-key >> /etc/payonce/keys   # rotation, step 1: a second key
     payonce encryption-key --id < /etc/payonce/keys   # the id of each key, as logged
 
     A key is 32 random bytes in base64url (43 characters).

@@ -273,8 +273,8 @@ class Sealing:
                 raise _unreadable(
                     key,
                     f"was encrypted with key {name[:_ID].hex()}, which this gateway does not"
-                    f" have (its keys: {', '.join(self.key_ids)}): add that key to"
-                    " PAYONCE_ENCRYPTION_KEY after the current one",
+                    " have: its operator can add that key after the current one"
+                    " (PAYONCE_ENCRYPTION_KEY or --encryption-key-file)",
                 )
             if len(self._openers) >= _OPENERS_MAX:
                 del self._openers[next(iter(self._openers))]
