@@ -7,9 +7,10 @@ codec. :data:`PLAIN` stores them as they are (headers as JSON pairs);
 :class:`Sealing` (``PAYONCE_ENCRYPTION_KEY``) encrypts them with AES-256-GCM:
 a whole response as one value (headers and body together, in the body's
 place; the headers' place holds only :data:`MAGIC`), a stream's headers as one
-value and each of its events as one. Everything else in a record (tenant hash, key, fingerprint,
-state, times, status code, usage, cost) stays in the clear: the stores and the
-status endpoint need it, and it holds no content of the call.
+value and each of its events as one. Everything else in a record (tenant
+hash, key, fingerprint, state, times, status code, usage, cost) stays in the
+clear: the stores and the status endpoint need it, and it holds no content of
+the call.
 
 A sealed value::
 
@@ -25,9 +26,9 @@ A sealed value::
   800-38D allows 2**32 random nonces per key, so no derived key comes near it,
   however long a key stays configured.
 * **associated data**: the part (``response``, ``headers`` of a stream,
-  ``event``), the tenant, the key, and for an event its number. A value copied to another
-  record, another tenant, another part or another place in a stream does not
-  decrypt.
+  ``event``), the tenant, the key, and for an event its number. A value copied
+  to another record, another tenant, another part or another place in a
+  stream does not decrypt.
 
 The leading NUL byte can begin neither JSON headers nor, in practice, an
 upstream body or SSE event, so a value says itself whether it is sealed. A
@@ -96,7 +97,9 @@ class Codec(Protocol):
         """The stored form of a completed response: what goes where headers and body go."""
         ...
 
-    def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
+    def events_out(
+        self, tenant: str, key: str, first: int, events: Sequence[bytes]
+    ) -> Sequence[bytes]:
         """The stored form of events numbered ``first``, ``first + 1``, ..."""
         ...
 
@@ -124,8 +127,10 @@ class _Plain:
     def response_out(self, tenant: str, key: str, response: StoredResponse) -> tuple[bytes, bytes]:
         return orjson.dumps(response.headers), response.body
 
-    def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
-        return list(events)
+    def events_out(
+        self, tenant: str, key: str, first: int, events: Sequence[bytes]
+    ) -> Sequence[bytes]:
+        return events
 
     def response_in(
         self, tenant: str, key: str, status: int, headers: bytes, body: bytes, stream: bool
@@ -288,8 +293,9 @@ class Sealing:
             ) from None
 
     def _warn_unknown(self, kid: bytes) -> None:
-        # Once per key and process: the operator needs the fact, not a line per request.
-        if kid not in self._warned:
+        # Once per key and process: the operator needs the fact, not a line per
+        # request (and a store full of made-up key ids cannot grow the set for ever).
+        if kid not in self._warned and len(self._warned) < 64:
             self._warned.add(kid)
             log.warning(
                 "a stored record was encrypted with key %s, which is not configured"
@@ -309,7 +315,9 @@ class Sealing:
         whole = len(headers).to_bytes(4, "big") + headers + response.body
         return MAGIC, self._seal(whole, _aad(b"response", tenant, key))
 
-    def events_out(self, tenant: str, key: str, first: int, events: Sequence[bytes]) -> list[bytes]:
+    def events_out(
+        self, tenant: str, key: str, first: int, events: Sequence[bytes]
+    ) -> Sequence[bytes]:
         aad = _aad(b"event", tenant, key)
         return [self._seal(data, b"%s %d" % (aad, first + n)) for n, data in enumerate(events)]
 
