@@ -21,10 +21,10 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 import schemathesis
-from schemathesis import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
+from schemathesis import GenerationMode
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 import payonce.errors
