@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-FUZZ = settings(max_examples=300, deadline=None)
+FUZZ = settings(max_examples=100, deadline=None)
 LIVE = settings(
     max_examples=40,
     deadline=None,
