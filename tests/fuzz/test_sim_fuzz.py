@@ -48,8 +48,8 @@ bodies = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def client(sim: Sim) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sim.url, timeout=10) as session:
+def client(fuzz_sim: Sim) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fuzz_sim.url, timeout=10) as session:
         yield session
 
 
