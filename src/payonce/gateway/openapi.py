@@ -36,7 +36,7 @@ from payonce.errors import (
 )
 from payonce.gateway.keys import MAX_KEY_LENGTH
 
-__all__ = ["MAX_WAIT", "openapi_document", "openapi_json"]
+__all__ = ["MAX_WAIT", "openapi_document", "openapi_json", "problem_slugs"]
 
 MAX_WAIT = 300.0  # seconds: the longest ?wait= long-poll
 
@@ -98,7 +98,7 @@ def _problem(description: str, *errors: type[ProblemError]) -> Json:
             "required": True,
             "schema": {"type": "string", "pattern": "^[0-9]+$"},
         }
-    for name, _ in {pair for error in errors for pair in error.headers}:
+    for name, _ in sorted({pair for error in errors for pair in error.headers}):
         headers[name.decode().title()] = {"required": True, "schema": {"type": "string"}}
     links = ", ".join(f"[`{error.slug}`](problems.md#{error.slug})" for error in errors)
     response: Json = {
