@@ -8,6 +8,7 @@ rows are shown from the outside, on a live gateway in front of the simulator.
 from __future__ import annotations
 
 import itertools
+import socket
 import tempfile
 from collections.abc import Callable
 from decimal import Decimal
@@ -276,6 +277,24 @@ def _(gateway: Process, sim: Sim) -> None:
         answer = exchange(gateway, request([field]))
         assert problem_type(answer) == (400, "malformed-request"), field
         assert answer[1][b"connection"] == b"close"
+
+
+@row("`Transfer-Encoding` with `Content-Length`, two `Content-Length`s, a folded (obs-fold) line")
+def _(gateway: Process, sim: Sim) -> None:
+    port = int(gateway.url.rsplit(":", 1)[1])
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    for fields in (
+        b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        b"Content-Length: 2\r\nContent-Length: 3\r\n",
+        b"Idempotency-Key: odd\r\n  folded\r\nContent-Length: 2\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(start + fields + b"\r\n{}")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]
+        assert b"problems.md#malformed-request" in answer and b"connection: close" in answer
 
 
 @row("a head over 64 KiB, or more than 100 header fields (repeated keys count)")
