@@ -18,7 +18,7 @@ from payonce.errors import ConfigError
 from payonce.reconcile.run import reconcile
 from tests.reconcile.data import BILL, TOTALS, ledger_csv, payonce_calls
 
-READERS = settings(max_examples=15, deadline=None)
+READERS = settings(max_examples=10, deadline=None)
 _directory = Path(tempfile.mkdtemp(prefix="payonce-fuzz-reconcile-"))
 CALLS = payonce_calls(_directory)
 LEDGER = ledger_csv(_directory).read_bytes()
