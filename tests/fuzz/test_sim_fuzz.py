@@ -90,6 +90,7 @@ values = st.one_of(
 
 @LIVE
 @given(name=control, value=values)
+@example(name="X-Sim-Fail", value="503")
 def test_any_control_header_is_answered_as_a_provider_would(
     client: httpx.Client, name: str, value: str
 ) -> None:
@@ -109,4 +110,8 @@ def test_any_control_header_is_answered_as_a_provider_would(
                 return  # a real pause: not what this test is for
         except ValueError:
             pass
-    _check(client.post("/v1/chat/completions", json=body, headers=headers))
+    response = client.post("/v1/chat/completions", json=body, headers=headers)
+    if name == "X-Sim-Fail" and value.isdigit() and 400 <= int(value) <= 599:
+        assert response.status_code == int(value), "the fault asked for"
+        return
+    _check(response)
