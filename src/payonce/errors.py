@@ -11,8 +11,11 @@
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── MalformedRequest (ValueError)       400, never retry (not HTTP/1.1)
+    │   ├── BadQuery (ValueError)               400: a /_payonce/ query parameter is invalid
+    │   ├── Unauthorized                        401: /_payonce/metrics without its token
     │   ├── NotFound (LookupError)              404
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
+    │   ├── MethodNotAllowed                    405: /_payonce/ answers GET and HEAD only
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
     │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 __all__ = [
     "Abandoned",
+    "BadQuery",
     "BadRequestTarget",
     "BodyTooLarge",
     "ConfigError",
@@ -41,6 +45,7 @@ __all__ = [
     "InvalidIdempotencyKey",
     "LeaseLost",
     "MalformedRequest",
+    "MethodNotAllowed",
     "NotFound",
     "PayonceError",
     "ProblemError",
@@ -48,6 +53,7 @@ __all__ = [
     "RequestTimeout",
     "StoreTimeout",
     "StoreUnavailable",
+    "Unauthorized",
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
@@ -80,6 +86,8 @@ class ProblemError(PayonceError):
     slug: str = "error"
     title: str = "Internal error"
     should_retry: bool | None = None
+    # Header fields the answer must carry besides the problem's own (a 405's Allow).
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __init__(self, detail: str, *, retry_after: float | None = None) -> None:
         super().__init__(detail)
@@ -103,6 +111,8 @@ class CredentialRequired(ProblemError, PermissionError):
     # --require-credential: a keyed request without a credential would share the
     # anonymous tenant's records with every other such caller.
     status, slug, title, should_retry = 401, "credential-required", "Credential required", False
+    # RFC 9110 section 15.5.2: a 401 MUST name a scheme; the API key goes as a bearer token.
+    headers = ((b"www-authenticate", b'Bearer realm="payonce"'),)
 
 
 class BodyTooLarge(ProblemError, ValueError):
@@ -137,6 +147,23 @@ class RequestTimeout(ProblemError, TimeoutError):
     # request in the time it was prepared to wait. Nothing ran, so repeating the
     # request is safe (the client "MAY repeat that request").
     status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
+
+
+class BadQuery(ProblemError, ValueError):
+    status, slug, title, should_retry = 400, "bad-query", "Bad query parameter", False
+
+
+class Unauthorized(ProblemError):
+    # --metrics-token is set and the scrape did not send it.
+    status, slug, title, should_retry = 401, "unauthorized", "Metrics token required", False
+    # RFC 9110 section 15.5.2: a 401 MUST name the scheme that would be accepted.
+    headers = ((b"www-authenticate", b'Bearer realm="payonce metrics"'),)
+
+
+class MethodNotAllowed(ProblemError):
+    status, slug, title, should_retry = 405, "method-not-allowed", "Method not allowed", False
+    # RFC 9110 section 15.5.6: a 405 MUST say which methods the resource allows.
+    headers = ((b"allow", b"GET, HEAD"),)
 
 
 class NotFound(ProblemError, LookupError):
