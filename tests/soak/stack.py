@@ -40,7 +40,7 @@ SIM_FLAGS = [
     "--fail",
     "500:0.03,429:0.01,503:0.01",
 ]
-GATEWAY_FLAGS = ["--lease", "10s", "--wait-timeout", "15s", "--replay-cache", "256KiB"]
+GATEWAY_FLAGS = ["--lease", "6s", "--wait-timeout", "15s", "--replay-cache", "256KiB"]
 RSS_EVERY = 2.0
 
 
@@ -129,6 +129,8 @@ class Stack:
         await asyncio.sleep(max(0.0, when - time.monotonic()))
         old = self.restarted
         port = int(old.url.rsplit(":", 1)[1])
+        traffic.start_in_flight(old.url)
+        await asyncio.sleep(0.4)  # they have reached the upstream
         traffic.restarting = old.url
         began = time.monotonic()
         old.popen.send_signal(signal.SIGTERM)

@@ -71,6 +71,7 @@ class Op:
     key: str | None
     started: float
     headers: dict[str, str] = field(default_factory=dict)  # its tenant's credential
+    pinned: str | None = None  # the gateway its first attempt goes to (else one at random)
     low: int = 0
     high: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
@@ -125,15 +126,26 @@ class Traffic:
             due = start + n / rate
             if due > now:
                 await asyncio.sleep(due - now)
-            kind = self.rng.choices(kinds, weights)[0]
-            op = Op(f"{self.name}-{n}-{kind}", kind, None, time.monotonic())
-            self.ops.append(op)
-            task = asyncio.create_task(self._run_op(op))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.start(f"{self.name}-{n}", self.rng.choices(kinds, weights)[0])
             n += 1
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=OP_DEADLINE + 30)
+
+    def start(self, name: str, kind: str, pinned: str | None = None) -> None:
+        """Start one operation of ``kind`` in the background."""
+        op = Op(f"{name}-{kind}", kind, None, time.monotonic(), pinned=pinned)
+        self.ops.append(op)
+        task = asyncio.create_task(self._run_op(op))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def start_in_flight(self, url: str) -> None:
+        """Slow calls sent to ``url`` just before it is stopped: running when SIGTERM comes."""
+        kinds = ["slow_keyed", "slow_keyed_stream", "slow_unkeyed"] * 2
+        # and two that outlast uvicorn's 5 s for open connections: the drain must finish them
+        kinds += ["slower_keyed", "slower_keyed_stream"]
+        for n, kind in enumerate(kinds):
+            self.start(f"{self.name}-restart-{n}", kind, pinned=url)
 
     async def _run_op(self, op: Op) -> None:
         try:
@@ -225,7 +237,9 @@ class Traffic:
         if content_type.startswith("application/problem+json"):
             kind = str(orjson.loads(data).get("type", "")).rsplit("#", 1)[-1].rsplit("/", 1)[-1]
             return Attempt(f"problem:{kind}", status, data, replayed, at)
-        return Attempt(f"upstream:{status}", status, data, replayed, at)
+        if content_type.startswith("application/json"):  # the simulator's own error
+            return Attempt(f"upstream:{status}", status, data, replayed, at)
+        return Attempt(f"unexpected:{status} {content_type}", status, data, replayed, at)
 
     # -- keyed calls ----------------------------------------------------------------
 
@@ -247,7 +261,8 @@ class Traffic:
         attempt_no = 0
         while time.monotonic() < deadline:
             extra = first if attempt_no == 0 and first else {}
-            attempt = await self.send(self._url(), body, {**sent, **extra})
+            url = op.pinned if attempt_no == 0 and op.pinned else self._url()
+            attempt = await self.send(url, body, {**sent, **extra})
             op.attempts.append(attempt)
             if extra.get("X-Sim-Drop") == "1":
                 self._count_drop(op, attempt)
@@ -301,6 +316,18 @@ class Traffic:
 
     async def _op_keyed_stream(self, op: Op) -> None:
         await self._keyed_op(op, stream=True)
+
+    async def _op_slow_keyed(self, op: Op) -> None:
+        await self._keyed_op(op, stream=False, first={"X-Sim-Delay-Ms": "1500"})
+
+    async def _op_slow_keyed_stream(self, op: Op) -> None:
+        await self._keyed_op(op, stream=True, first={"X-Sim-Token-Ms": "60"})
+
+    async def _op_slower_keyed(self, op: Op) -> None:
+        await self._keyed_op(op, stream=False, first={"X-Sim-Delay-Ms": "6500"})
+
+    async def _op_slower_keyed_stream(self, op: Op) -> None:
+        await self._keyed_op(op, stream=True, first={"X-Sim-Token-Ms": "450"})
 
     async def _op_drop(self, op: Op) -> None:
         await self._keyed_op(op, stream=False, first={"X-Sim-Drop": "1"})
@@ -413,9 +440,10 @@ class Traffic:
 
     # -- unkeyed calls ------------------------------------------------------------
 
-    async def _unkeyed(self, op: Op, *, stream: bool) -> None:
-        headers = self.rng.choice(TENANTS)
-        attempt = await self.send(self._url(), self._body(op, stream=stream), headers, fresh=True)
+    async def _unkeyed(self, op: Op, *, stream: bool, extra: dict[str, str] | None = None) -> None:
+        headers = {**self.rng.choice(TENANTS), **(extra or {})}
+        url = op.pinned or self._url()
+        attempt = await self.send(url, self._body(op, stream=stream), headers, fresh=True)
         op.attempts.append(attempt)
         if attempt.outcome == "ok":
             op.bills("unkeyed call answered")
@@ -432,6 +460,9 @@ class Traffic:
 
     async def _op_unkeyed_stream(self, op: Op) -> None:
         await self._unkeyed(op, stream=True)
+
+    async def _op_slow_unkeyed(self, op: Op) -> None:
+        await self._unkeyed(op, stream=False, extra={"X-Sim-Delay-Ms": "1500"})
 
     async def _op_unkeyed_leave(self, op: Op) -> None:
         # --on-disconnect cancel: the gateway cancels, but a non-streaming provider bills
