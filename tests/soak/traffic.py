@@ -285,6 +285,8 @@ class Traffic:
             return attempt.status in (429, 500, 503)
         if outcome in ("problem:in-progress", "problem:upstream-unavailable"):
             return True
+        if outcome == "problem:shutting-down":  # a call that outlasted the server's grace
+            return self._in_restart(attempt)
         if outcome == "cut":  # a stream cut short (an injected fault, or a restart)
             return True
         if outcome in ("refused", "timeout") or outcome.startswith("broken:"):
