@@ -30,6 +30,7 @@ from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
 from payonce.store import open_store
+from payonce.store.redis import redacted
 
 __all__ = ["WorkerLink", "run", "serve"]
 
@@ -198,7 +199,7 @@ async def serve(
                 settings.host,
                 settings.port,
                 upstream_url,
-                settings.store,
+                redacted(settings.store),
             )
             try:
                 await server.serve(sockets=sockets)
