@@ -58,9 +58,10 @@ async def _soak(stack: Stack, seconds: float, seed: int) -> tuple[list[str], lis
     summary.append(f"in flight at the SIGTERM (first attempts): {dict(in_flight)}")
     base, end = stack.rss_growth()
     growth = (end - base) / base
+    by_minute = {int(at // 60): kib for at, kib in stack.rss}  # the last sample of each
     summary.append(
         f"steady gateway RSS: {base} KiB at minute 1, {end} KiB at the end ({growth:+.1%});"
-        f" restart took {stack.restart_seconds:.1f}s"
+        f" by minute {list(by_minute.values())}; restart took {stack.restart_seconds:.1f}s"
     )
     if growth >= RSS_GROWTH:
         defects.append(f"RSS grew {growth:.1%} between minute 1 and the end: {stack.rss}")
