@@ -22,6 +22,7 @@
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
     │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
+    │   ├── ShuttingDown (ConnectionError)      503: stopping; a keyed run goes on, retry
     │   └── StoreUnavailable (ConnectionError)  503: nothing ran; retry later
     │       └── StoreTimeout (TimeoutError)
     └── LeaseLost                               a fenced write lost its lease (internal)
@@ -51,6 +52,7 @@ __all__ = [
     "ProblemError",
     "RequestInProgress",
     "RequestTimeout",
+    "ShuttingDown",
     "StoreTimeout",
     "StoreUnavailable",
     "Unauthorized",
@@ -199,6 +201,15 @@ class UpstreamUnavailable(ProblemError, ConnectionError):
 
 class UpstreamTimeout(ProblemError, TimeoutError):
     status, slug, title, should_retry = 504, "upstream-timeout", "Upstream timed out", True
+
+
+class ShuttingDown(ProblemError, ConnectionError):
+    """A request still open when the server stopped waiting for it, after SIGTERM.
+
+    Its keyed run, if any, goes on while the gateway drains and stores its answer.
+    """
+
+    status, slug, title, should_retry = 503, "shutting-down", "Gateway shutting down", True
 
 
 class StoreUnavailable(ProblemError, ConnectionError):
