@@ -33,10 +33,12 @@ from payonce.reconcile.sniff import STAMP, Container, Sniffed
 __all__ = [
     "LoadedSource",
     "Source",
+    "Target",
     "bill_price",
     "create_tables",
     "load_source",
     "resolve_columns",
+    "scan_source",
 ]
 
 MONEY = "DECIMAL(18,10)"
@@ -150,31 +152,73 @@ def create_tables(engine: Engine) -> None:
     engine.execute(_TABLES)
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a file's normalized rows go instead of ``calls``/``bill``.
+
+    ``insert`` turns the SELECT of the file's normalized rows into the SELECT of
+    what to append to ``table`` (the usage reconciliation counts calls into cells
+    as it reads them); what it appends keeps ``src``, ``pos`` and ``reason``, and
+    ``rows`` is the aggregate that counts the file's rows in it.
+    """
+
+    table: str
+    insert: Callable[[str], str]
+    rows: str = "count(*)"
+
+
+def scan_source(engine: Engine, source: Source, statement: Callable[[str], str]) -> bool:
+    """Run ``statement`` over one file's normalized rows, without keeping its bad rows.
+
+    For a first pass over a file that :func:`load_source` reads again: returns
+    whether the file had to be read leniently, so the second read does the same
+    (and sees the same rows).
+    """
+    if source.sniffed.container is not Container.CSV:
+        engine.execute(statement(_json_select(source)), source=source.label)
+        return False
+    rejects = f"rejects_{source.index}_scan"
+    lenient = False
+    try:
+        engine.execute(statement(_csv_select(source, rejects, strict=True)), source=source.label)
+    except ConfigError as exc:
+        if "state machine" not in str(exc):
+            raise
+        lenient = True
+        engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors")
+        engine.execute(f"DROP TABLE IF EXISTS {rejects}_scans")
+        engine.execute(statement(_csv_select(source, rejects, strict=False)), source=source.label)
+    engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
+    return lenient
+
+
 def load_source(
-    engine: Engine, source: Source, into: Callable[[str], str] | None = None
+    engine: Engine, source: Source, into: Target | None = None, *, lenient: bool = False
 ) -> LoadedSource:
     """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``.
 
-    ``into`` puts the file's normalized rows somewhere else: given their SELECT, it
-    returns the SELECT of what to append to its table instead (the usage
-    reconciliation buckets calls while reading them, into ``placed``); what it
-    appends must keep ``src``, ``pos`` and ``reason``.
+    ``into`` puts the file's normalized rows somewhere else (see :class:`Target`).
+    ``lenient`` reads a CSV file leniently from the start (a first pass found
+    that the strict parser cannot read it).
     """
     table = "calls" if source.side is Side.CALLS else "bill"
+    count = "count(*)"
+    wrap: Callable[[str], str] = lambda select: select  # noqa: E731
     if into is not None:
-        table = "placed"
-    wrap = into or (lambda select: select)
+        table, wrap, count = into.table, into.insert, into.rows
     note = ""
     if source.sniffed.container is Container.CSV:
         rejects = f"rejects_{source.index}"
+        strict = not lenient
         try:
             engine.execute(
-                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=True))}",
+                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=strict))}",
                 source=source.label,
             )
         except ConfigError as exc:
-            if "state machine" not in str(exc):
+            if not strict or "state machine" not in str(exc):
                 raise
+            strict = False
             # Mixed line endings or a stray quote stop DuckDB's strict parser for the
             # whole file. Read it leniently instead, and say what that costs.
             engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors")
@@ -183,6 +227,7 @@ def load_source(
                 f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=False))}",
                 source=source.label,
             )
+        if not strict:
             note = (
                 "read leniently (mixed line endings or stray quotes): a row with too"
                 " many columns keeps the first ones instead of being reported"
@@ -215,7 +260,7 @@ def load_source(
             f" WHERE src = {source.index} AND reason IS NOT NULL ORDER BY pos"
         )
         engine.execute(f"DELETE FROM {table} WHERE src = {source.index} AND reason IS NOT NULL")
-    rows = engine.scalar(f"SELECT count(*) FROM {table} WHERE src = {source.index}")
+    rows = engine.scalar(f"SELECT {count} FROM {table} WHERE src = {source.index}")
     bad = engine.scalar(f"SELECT count(*) FROM malformed WHERE src = {source.index}")
     return LoadedSource(source, int(rows or 0), int(bad or 0), note)
 
