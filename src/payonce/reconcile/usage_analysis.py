@@ -78,13 +78,10 @@ class Prepared:
     only_provider: str
     grids: tuple[_Grid, ...]
 
-    def hashes(self, relation: str, *, several: bool) -> str:
+    def hashes(self, relation: str) -> str:
         """The first pass over one call log's normalized rows: its business ids'
-        hashes, counted into ``hashes`` (only those seen twice, unless ``several``
-        logs are read: a business id may be on a line of each)."""
-        return "INSERT INTO hashes " + usage_sql.HASHES.format(
-            relation=relation, having="" if several else "HAVING count(*) > 1"
-        )
+        hashes, appended to ``hashes``."""
+        return "INSERT INTO hashes " + usage_sql.HASHES.format(relation=relation)
 
     def target(self) -> Target:
         """Where the second pass puts one call log's rows: counted into ``counted``.
@@ -213,7 +210,7 @@ def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
             else ""
         )
     )
-    engine.execute("CREATE TABLE hashes (hb UBIGINT, n BIGINT)")
+    engine.execute("CREATE TABLE hashes (hb UBIGINT)")
     grids = tuple(
         _Grid(str(p), bool(u), int(o), int(w), int(a), int(b), end, int(n) == int(b) - int(a) + 1)
         for p, u, o, w, a, b, end, n in engine.rows(
@@ -239,11 +236,7 @@ def load_calls(engine: Engine, prepared: Prepared, sources: Sequence[Source]) ->
     finds the business ids on several lines (their hashes), so the second can
     count every other call straight into its cell.
     """
-    several = len(sources) > 1
-    lenient = [
-        scan_source(engine, source, lambda relation: prepared.hashes(relation, several=several))
-        for source in sources
-    ]
+    lenient = [scan_source(engine, source, prepared.hashes) for source in sources]
     engine.execute(usage_sql.REPEATED, progress="finding repeated business ids")
     return [
         load_source(engine, source, into=prepared.target(), lenient=flag)
