@@ -298,6 +298,30 @@ def test_a_business_request_across_rotated_logs_and_buckets(tmp_path: Path) -> N
     ]
 
 
+def test_a_log_written_to_while_it_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The calls are read twice; a line appended in between would be counted
+    # without its duplicates. Appending during the first pass stands for a gateway
+    # still writing the log.
+    from payonce.reconcile import usage_analysis
+
+    calls = scenario_calls(tmp_path)
+    first_pass = usage_analysis.scan_source
+
+    def appending(*args: Any, **kwargs: Any) -> bool:
+        lenient = first_pass(*args, **kwargs)
+        with calls.open("a") as log:
+            log.write(json.dumps(call(7, key="k1", tenant="ta")) + "\n")
+        return lenient
+
+    monkeypatch.setattr(usage_analysis, "scan_source", appending)
+    export = tmp_path / "usage.jsonl"
+    export.write_text("".join(json.dumps(p) + "\n" for p in scenario_pages()))
+    with pytest.raises(ConfigError, match="changed while it was read"):
+        run(calls, [export])
+
+
 def anthropic_page(results_by_hour: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     data = []
     for hour, results in sorted(results_by_hour.items()):

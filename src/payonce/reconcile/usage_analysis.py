@@ -236,12 +236,27 @@ def load_calls(engine: Engine, prepared: Prepared, sources: Sequence[Source]) ->
     finds the business ids on several lines (their hashes), so the second can
     count every other call straight into its cell.
     """
+    before = [_stamp(source) for source in sources]
     lenient = [scan_source(engine, source, prepared.hashes) for source in sources]
     engine.execute(usage_sql.REPEATED, progress="finding repeated business ids")
-    return [
+    loaded = [
         load_source(engine, source, into=prepared.target(), lenient=flag)
         for source, flag in zip(sources, lenient, strict=True)
     ]
+    for source, stamp in zip(sources, before, strict=True):
+        # Lines appended between the passes would be counted without their
+        # duplicates: the figures would be wrong, not late.
+        if _stamp(source) != stamp:
+            raise ConfigError(
+                f"{source.label}: changed while it was read (a log still being written?);"
+                " reconcile a rotated log, or a copy"
+            )
+    return loaded
+
+
+def _stamp(source: Source) -> tuple[int, int]:
+    status = source.sniffed.path.stat()
+    return status.st_size, status.st_mtime_ns
 
 
 def analyse_usage(engine: Engine, prepared: Prepared, tolerance: float) -> UsageAnalysis:
