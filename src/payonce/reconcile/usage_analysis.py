@@ -35,10 +35,10 @@ from payonce.reconcile.loading import (
     LoadedSource,
     Source,
     Target,
-    bill_price,
     load_source,
     scan_source,
 )
+from payonce.reconcile.prices import bill_price
 from payonce.reconcile.usage_report import CostDay, UsageFigures, UsageSlice
 
 __all__ = ["Prepared", "UsageAnalysis", "analyse_usage", "load_calls", "prepare_usage"]
