@@ -20,6 +20,11 @@ The figures of the run must equal that truth exactly, or the benchmark fails.
 ``--format csv`` writes the generic calls CSV (with the optional upstream columns);
 ``jsonl`` writes the gateway's own call log (schema 2), about 4x larger per call.
 Time is the whole command (interpreter start included), peak RSS is ``wait4``'s.
+Before generating, it stops with one line when ``--dir`` has less free disk than
+the data needs plus a fifth for DuckDB's spill. ``--keep`` keeps the data and
+``--reuse DIR`` reconciles it again (the same ``--calls``) without generating it;
+with ``PYTHONPATH`` pointing at another checkout's ``src``, that version runs on
+the same data.
 """
 
 from __future__ import annotations
