@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Most tests wait on real processes (gateways, simulators, Redis, Prometheus), not on
+# the CPU: two workers, one test file each at a time (module fixtures stay shared).
+TEST_WORKERS ?= 2
 
 .PHONY: run test demo lint typecheck bench clean
 
@@ -27,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -20,6 +20,11 @@ The figures of the run must equal that truth exactly, or the benchmark fails.
 ``--format csv`` writes the generic calls CSV (with the optional upstream columns);
 ``jsonl`` writes the gateway's own call log (schema 2), about 4x larger per call.
 Time is the whole command (interpreter start included), peak RSS is ``wait4``'s.
+Before generating, it stops with one line when ``--dir`` has less free disk than
+the data needs plus a fifth for DuckDB's spill. ``--keep`` keeps the data and
+``--reuse DIR`` reconciles it again (the same ``--calls``) without generating it;
+with ``PYTHONPATH`` pointing at another checkout's ``src``, that version runs on
+the same data.
 """
 
 from __future__ import annotations
@@ -68,8 +73,6 @@ def generate(directory: Path, calls: int, fmt: str) -> dict[str, object]:
     """Write the call log and the usage pages; return the truth."""
     import duckdb
 
-    from payonce.observe.pricing import price_of
-
     connection = duckdb.connect(config={"memory_limit": "4GiB"})
     connection.execute("SET preserve_insertion_order = false")
     log = directory / ("calls.csv" if fmt == "csv" else "calls.jsonl")
@@ -97,13 +100,11 @@ def generate(directory: Path, calls: int, fmt: str) -> dict[str, object]:
     cells: dict[tuple[int, int, int], int] = {}
     for hour, model, tenant, n in groups:
         cells[(int(hour), int(model), int(tenant))] = int(n)
-    extra = 0
     for hour in range(HOURS):
         for model in range(len(MODELS)):
             for tenant in range(TENANTS):
                 if (hour * 40 + model * 10 + tenant) % EXTRA_EVERY == 0:
                     cells[(hour, model, tenant)] = cells.get((hour, model, tenant), 0) + 1
-                    extra += 1
     pages = directory / "openai-usage.jsonl"
     with pages.open("w") as out:
         for first in range(0, HOURS, PAGE_BUCKETS):
@@ -139,18 +140,27 @@ def generate(directory: Path, calls: int, fmt: str) -> dict[str, object]:
     keys = directory / "keys.json"
     # The tenant column of this synthetic log is the tenant id itself.
     keys.write_text(json.dumps({f"tenant{t}": f"key_{t}" for t in range(TENANTS)}))
+    return truth_of(directory, calls, fmt)
+
+
+def truth_of(directory: Path, calls: int, fmt: str) -> dict[str, object]:
+    """The figures the run must find: they follow from the generator's formulas alone."""
+    from payonce.observe.pricing import price_of
+
+    extra = 0
     unexplained_cost = 0.0
     for hour in range(HOURS):
         for model in range(len(MODELS)):
             for tenant in range(TENANTS):
                 if (hour * 40 + model * 10 + tenant) % EXTRA_EVERY == 0:
+                    extra += 1
                     price = price_of(MODELS[model])
                     assert price is not None
                     unexplained_cost += (100 * price.input + 20 * price.output) / 1e6
     return {
-        "calls": log,
-        "pages": pages,
-        "keys": keys,
+        "calls": directory / ("calls.csv" if fmt == "csv" else "calls.jsonl"),
+        "pages": directory / "openai-usage.jsonl",
+        "keys": directory / "keys.json",
         "billed_requests": calls + extra,
         "duplicate_requests": calls - calls * 9 // 10,
         "unexplained_requests": extra,
@@ -194,15 +204,33 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="4GiB")
     parser.add_argument("--dir", type=Path, default=None, help="where the data goes")
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="reconcile the data --keep left in this directory (same --calls), not new data",
+    )
     args = parser.parse_args()
+    if args.reuse:
+        truth = truth_of(args.reuse, args.calls, args.format)
+        print(f"load average {os.getloadavg()[0]:.2f} before reconcile", flush=True)
+        result = run_reconcile(truth, args.reuse, args.memory_limit)
+        print(
+            f"reconcile: {result['seconds']:.1f} s wall, {result['cpu_seconds']:.1f} s CPU,"
+            f" peak RSS {result['peak_rss_mib']:.0f} MiB; figures exact"
+            f" (load average {os.getloadavg()[0]:.2f} at the end)"
+        )
+        return
     base = args.dir or Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
-    # Data, plus as much again for DuckDB's spill, plus 1 GiB of slack.
-    needed = 2 * args.calls * BYTES_PER_CALL[args.format] + (1 << 30)
+    # The data, plus a fifth of it for DuckDB's spill (reconcile keeps no per-call
+    # table, only the calls of repeated business ids), plus 1 GiB of slack.
+    needed = int(1.2 * args.calls * BYTES_PER_CALL[args.format]) + (1 << 30)
     free = shutil.disk_usage(base).free
     if free < needed:
         raise SystemExit(
-            f"{base}: {free / 2**30:.1f} GiB free, {needed / 2**30:.1f} GiB needed; use --dir"
+            f"reconcile_usage_scale: {base} has {free / 2**30:.1f} GiB free,"
+            f" {needed / 2**30:.1f} GiB needed for {args.calls:,} calls: stopping (use --dir)"
         )
     directory = Path(tempfile.mkdtemp(prefix="payonce-usage-scale-", dir=base))
     try:
@@ -215,6 +243,7 @@ def main() -> None:
             f" {size / args.calls:.0f} B/call) and {HOURS:,} hourly buckets x"
             f" {len(MODELS)} models x {TENANTS} keys in {generated:.1f} s"
         )
+        print(f"load average {os.getloadavg()[0]:.2f} before reconcile", flush=True)
         result = run_reconcile(truth, directory, args.memory_limit)
         load = os.getloadavg()[0]
         print(

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.processes import start_payonce
 from tests.support.sim import Sim
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/soak/conftest.py: pytest reads options only from the
+    # conftest files it loads before collecting.
+    parser.addoption(
+        "--soak-minutes",
+        type=float,
+        default=float(os.environ.get("PAYONCE_SOAK_MINUTES", "2")),
+        help="how long the soak (tests/soak, marker soak) drives traffic; default 2,"
+        " or PAYONCE_SOAK_MINUTES",
+    )
 
 
 @pytest.fixture(scope="module")

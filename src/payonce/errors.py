@@ -11,14 +11,18 @@
     │   ├── BodyTooLarge (ValueError)           413, never retry
     │   ├── BadRequestTarget (ValueError)       400, never retry (``GET *``)
     │   ├── MalformedRequest (ValueError)       400, never retry (not HTTP/1.1)
+    │   ├── BadQuery (ValueError)               400: a /_payonce/ query parameter is invalid
+    │   ├── Unauthorized                        401: /_payonce/metrics without its token
     │   ├── NotFound (LookupError)              404
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
+    │   ├── MethodNotAllowed                    405: /_payonce/ answers GET and HEAD only
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
     │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
     │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
+    │   ├── ShuttingDown (ConnectionError)      503: stopping; a keyed run goes on, retry
     │   ├── StoreUnavailable (ConnectionError)  503: nothing ran; retry later
     │   │   └── StoreTimeout (TimeoutError)
     │   └── RecordUnreadable                    503: a stored response cannot be decrypted
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 __all__ = [
     "Abandoned",
+    "BadQuery",
     "BadRequestTarget",
     "BodyTooLarge",
     "ConfigError",
@@ -42,14 +47,17 @@ __all__ = [
     "InvalidIdempotencyKey",
     "LeaseLost",
     "MalformedRequest",
+    "MethodNotAllowed",
     "NotFound",
     "PayonceError",
     "ProblemError",
     "RecordUnreadable",
     "RequestInProgress",
     "RequestTimeout",
+    "ShuttingDown",
     "StoreTimeout",
     "StoreUnavailable",
+    "Unauthorized",
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
@@ -82,6 +90,8 @@ class ProblemError(PayonceError):
     slug: str = "error"
     title: str = "Internal error"
     should_retry: bool | None = None
+    # Header fields the answer must carry besides the problem's own (a 405's Allow).
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def __init__(self, detail: str, *, retry_after: float | None = None) -> None:
         super().__init__(detail)
@@ -105,6 +115,8 @@ class CredentialRequired(ProblemError, PermissionError):
     # --require-credential: a keyed request without a credential would share the
     # anonymous tenant's records with every other such caller.
     status, slug, title, should_retry = 401, "credential-required", "Credential required", False
+    # RFC 9110 section 15.5.2: a 401 MUST name a scheme; the API key goes as a bearer token.
+    headers = ((b"www-authenticate", b'Bearer realm="payonce"'),)
 
 
 class BodyTooLarge(ProblemError, ValueError):
@@ -141,6 +153,23 @@ class RequestTimeout(ProblemError, TimeoutError):
     status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
 
 
+class BadQuery(ProblemError, ValueError):
+    status, slug, title, should_retry = 400, "bad-query", "Bad query parameter", False
+
+
+class Unauthorized(ProblemError):
+    # --metrics-token is set and the scrape did not send it.
+    status, slug, title, should_retry = 401, "unauthorized", "Metrics token required", False
+    # RFC 9110 section 15.5.2: a 401 MUST name the scheme that would be accepted.
+    headers = ((b"www-authenticate", b'Bearer realm="payonce metrics"'),)
+
+
+class MethodNotAllowed(ProblemError):
+    status, slug, title, should_retry = 405, "method-not-allowed", "Method not allowed", False
+    # RFC 9110 section 15.5.6: a 405 MUST say which methods the resource allows.
+    headers = ((b"allow", b"GET, HEAD"),)
+
+
 class NotFound(ProblemError, LookupError):
     status, slug, title, should_retry = 404, "not-found", "No such record", False
 
@@ -174,6 +203,15 @@ class UpstreamUnavailable(ProblemError, ConnectionError):
 
 class UpstreamTimeout(ProblemError, TimeoutError):
     status, slug, title, should_retry = 504, "upstream-timeout", "Upstream timed out", True
+
+
+class ShuttingDown(ProblemError, ConnectionError):
+    """A request still open when the server stopped waiting for it, after SIGTERM.
+
+    Its keyed run, if any, goes on while the gateway drains and stores its answer.
+    """
+
+    status, slug, title, should_retry = 503, "shutting-down", "Gateway shutting down", True
 
 
 class StoreUnavailable(ProblemError, ConnectionError):

@@ -36,8 +36,12 @@ def make_client(
 # -- not sent: retried, and nothing reaches the server until it can ---------------
 
 
+# The port is found at collection, so the id names what it is rather than its number:
+# parallel test workers must collect the same ids.
 @pytest.mark.parametrize(
-    "url", [f"http://127.0.0.1:{free_port()}", "http://payonce-client-test.invalid"]
+    "url",
+    [f"http://127.0.0.1:{free_port()}", "http://payonce-client-test.invalid"],
+    ids=["closed-port", "unresolvable-name"],
 )
 def test_connect_errors_and_dns_failures_use_every_attempt(url: str) -> None:
     http, recorder, clock = make_client()

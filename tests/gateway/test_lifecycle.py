@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
+from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.processes import free_port
 
 
@@ -106,3 +108,85 @@ def test_sigterm_lets_a_running_keyed_call_finish_and_store(
     b = start_gateway(port=port)
     assert chat(b.url, "drain-1").headers["idempotent-replayed"] == "true"
     assert fresh_sim.billed() == 1
+
+
+def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
+    # uvicorn closes the connections still open 5 s after SIGTERM, cancelling their
+    # requests; the keyed runs go on (the drain) and store their answers.
+    port = free_port()
+    a = start_gateway(port=port)
+    stream_body = {**CHAT, "stream": True}
+
+    def stream(key: str) -> None:
+        sent = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "400"}  # 16 tokens: 6.4 s
+        with httpx.stream(
+            "POST", a.url + "/v1/chat/completions", json=stream_body, headers=sent, timeout=30
+        ) as response:
+            assert response.status_code == 200
+            with pytest.raises(httpx.RemoteProtocolError):  # broken off, not ended cleanly
+                for _ in response.iter_raw():
+                    pass
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(chat, a.url, "late-1", headers={"X-Sim-Delay-Ms": "6500"})
+        streamed = pool.submit(stream, "late-2")
+        time.sleep(0.5)
+        a.popen.send_signal(signal.SIGTERM)
+        answer = whole.result()
+        streamed.result()
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["type"].endswith("#shutting-down")
+    assert answer.headers["x-should-retry"] == "true"
+    assert a.popen.wait(20) == 0
+    assert "Traceback" not in a.output(), a.output()
+    b = start_gateway(port=port)
+    assert chat(b.url, "late-1").headers["idempotent-replayed"] == "true"
+    replay = httpx.post(
+        b.url + "/v1/chat/completions",
+        json=stream_body,
+        headers={**AUTH, "Idempotency-Key": "late-2"},
+        timeout=30,
+    )
+    assert replay.headers["idempotent-replayed"] == "true" and b"[DONE]" in replay.content
+    assert fresh_sim.billed() == 2
+
+
+def _lease_expiry(db: Path, key: str) -> float:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        row = conn.execute(
+            "SELECT lease_expires_at FROM payonce_records WHERE key = ?", (key,)
+        ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+def test_a_stopping_gateway_renews_the_leases_of_the_calls_it_drains(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    # After SIGTERM the server waits 5 s for open requests, then the drain waits up
+    # to a lease for the keyed runs. A 6 s lease is renewed every 2 s; were renewals
+    # to stop when the drain begins, it would lapse mid-drain, while A still runs
+    # the call, and B would report it abandoned (and a retry there would run it again).
+    a = start_gateway("--lease", "6s")
+    b = start_gateway("--lease", "6s")
+    db = tmp_path / "payonce.db"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(chat, a.url, "drained-1", headers={"X-Sim-Delay-Ms": "13000"})
+        deadline = time.monotonic() + 5
+        while not (first := _lease_expiry(db, "drained-1")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while _lease_expiry(db, "drained-1") == first and time.monotonic() < deadline:
+            time.sleep(0.02)  # until a renewal: from here on they come every 2 s
+        time.sleep(0.5)
+        a.popen.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        # Renewals until the drain begins (about 5 s in) would last until 9.5 s in.
+        time.sleep(10 - (time.monotonic() - stopped))
+        status = httpx.get(b.url + "/_payonce/requests/drained-1", headers=AUTH, timeout=5)
+        assert status.json()["state"] == "in_progress", status.json()
+    assert a.popen.wait(20) == 0
+    deadline = time.monotonic() + 5  # the provider finishes the generation: not the next test's
+    while fresh_sim.billed() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -238,6 +238,21 @@ def test_missing_column_from_a_real_process_has_no_traceback(tmp_path: Path) -> 
     assert "--calls-map business_id=COLUMN" in done.stderr
 
 
+def test_a_json_lines_bill_with_a_line_not_utf8_names_that_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = data.write_csv(
+        tmp_path / "c.csv", ["business_id", "provider_request_id"], [["order-1", "a"]]
+    )
+    line = '{"provider_request_id":"%s","model":"gpt-4o-mini","cost_usd":0.1}\n'
+    bill = tmp_path / "bill.jsonl"
+    bill.write_bytes((line % "a").encode() + (line % "b").encode().replace(b"b", b"b\xff", 1))
+    assert run("--calls", str(calls), "--bill", str(bill)) == 2
+    error = capsys.readouterr().err
+    # DuckDB's own words ("CSV Error on Line: 2") would name the wrong kind of file.
+    assert error == f"payonce: error: {bill}: cannot read: line 2 is not valid UTF-8\n"
+
+
 class _Hook(http.server.BaseHTTPRequestHandler):
     received: list[tuple[str, str, bytes]] = []  # noqa: RUF012 - shared with the test
     status = 204

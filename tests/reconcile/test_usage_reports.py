@@ -260,6 +260,68 @@ def test_a_bucket_the_log_has_no_calls_for_and_an_export_that_starts_late(tmp_pa
     assert report.calls_outside == {"outside the usage reports' buckets": 5}
 
 
+def test_a_business_request_across_rotated_logs_and_buckets(tmp_path: Path) -> None:
+    # k4 is sent at 10:59 (300/30) and again, cheaper, at 11:00 from the next log:
+    # it is one business request, counted at 10:00 (its first line), and the call
+    # it needed is the cheaper one, so the 10:00 call is the duplicate.
+    first, second = tmp_path / "calls.jsonl.1", tmp_path / "calls.jsonl"
+    first.write_text(
+        json.dumps(call(1, key="k1", tenant="ta"))
+        + "\n"
+        + json.dumps(call(59.5, key="k4", tenant="ta", tokens=(300, 30)))
+        + "\n"
+    )
+    second.write_text(json.dumps(call(0.5, key="k4", tenant="ta", hour=11)) + "\nnot json\n")
+    export = tmp_path / "usage.jsonl"
+    pages = [
+        page(
+            [
+                bucket(H10, [openai_result(SNAPSHOT, None, 2, (400, 40))]),
+                bucket(H10 + HOUR, [openai_result(SNAPSHOT, None, 1, (100, 10))]),
+            ]
+        )
+    ]
+    export.write_text(json.dumps(pages[0]) + "\n")
+    report = reconcile([first, second], [export], ReconcileOptions())
+    assert isinstance(report, UsageReport)
+    totals = report.totals
+    assert (totals.logged_upstream_calls, totals.business_requests) == (3, 2)
+    assert (totals.duplicate_requests, totals.unexplained_requests) == (1, 0)
+    assert report.as_json()["wasted_cost_usd"] == tokens_cost(300, 30)
+    ten, eleven = (b.figures for b in report.buckets)
+    assert (ten.business_requests, ten.duplicate_requests) == (2, 1)
+    assert (eleven.business_requests, eleven.duplicate_requests) == (0, 0)
+    assert report.malformed_rows == 1
+    assert [(i.rows, i.malformed_rows) for i in report.inputs if i.side == "calls"] == [
+        (2, 0),
+        (1, 1),
+    ]
+
+
+def test_a_log_written_to_while_it_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The calls are read twice; a line appended in between would be counted
+    # without its duplicates. Appending during the first pass stands for a gateway
+    # still writing the log.
+    from payonce.reconcile import usage_analysis
+
+    calls = scenario_calls(tmp_path)
+    first_pass = usage_analysis.scan_source
+
+    def appending(*args: Any, **kwargs: Any) -> bool:
+        lenient = first_pass(*args, **kwargs)
+        with calls.open("a") as log:
+            log.write(json.dumps(call(7, key="k1", tenant="ta")) + "\n")
+        return lenient
+
+    monkeypatch.setattr(usage_analysis, "scan_source", appending)
+    export = tmp_path / "usage.jsonl"
+    export.write_text("".join(json.dumps(p) + "\n" for p in scenario_pages()))
+    with pytest.raises(ConfigError, match="changed while it was read"):
+        run(calls, [export])
+
+
 def anthropic_page(results_by_hour: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     data = []
     for hour, results in sorted(results_by_hour.items()):

@@ -74,6 +74,8 @@ def test_the_supervisor_restarts_a_dead_worker_and_stops_them_all_on_sigterm(
 ) -> None:
     (gateway,) = start_gateways(1, "--workers", "2", store=f"sqlite:///{tmp_path}/w.db")
     supervisor = gateway.popen.pid
+    # Ready means one worker answers; on a loaded machine the other may still be forking.
+    wait_until(lambda: len(_workers(supervisor)) == 2, "both workers")
     first, second = _workers(supervisor)
     os.kill(first, signal.SIGKILL)
     wait_until(lambda: len(set(_workers(supervisor)) - {first, second}) == 1, "a new worker")

@@ -8,14 +8,23 @@ An attempted install that fails always fails the test, with apt's message.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 __all__ = ["installed"]
+
+# apt-get takes dpkg's lock and fails at once when another apt-get (another test
+# run, a parallel test worker, a benchmark installing nginx) holds it: wait instead.
+_WAIT_FOR_LOCK = ["-o", "DPkg::Lock::Timeout=600"]
+# apt-get update has no such option for its lists lock: our own runs take turns.
+_OUR_LOCK = Path(tempfile.gettempdir()) / "payonce-tests-apt.lock"
 
 
 def _find(commands: Sequence[str]) -> str | None:
@@ -41,17 +50,28 @@ def installed(commands: Sequence[str], package: str, *, required: bool) -> str:
         if required:
             pytest.fail(message)
         pytest.skip(message)
+    with _OUR_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # Another run may have installed it while this one waited.
+        if not _find(commands):
+            _install(package, hint)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    found = _find(commands)
+    if not found:
+        pytest.fail(f"{commands[0]} is still missing after installing {package}: {hint}")
+    return found
+
+
+def _install(package: str, hint: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
+    install = ["apt-get", *_WAIT_FOR_LOCK, "install", "-y", "-qq", "--no-install-recommends"]
+    install.append(package)
     if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
         # The package lists of a fresh machine may be missing or stale.
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=False)
+        update = ["apt-get", *_WAIT_FOR_LOCK, "update", "-qq"]
+        subprocess.run(update, env=env, capture_output=True, check=False)
         done = subprocess.run(
             install, env=env, capture_output=True, text=True, timeout=900, check=False
         )
         if done.returncode != 0:
             pytest.fail(f"could not install {package} ({hint}):\n{done.stderr[-2000:]}")
-    found = _find(commands)
-    if not found:
-        pytest.fail(f"{commands[0]} is still missing after installing {package}: {hint}")
-    return found

@@ -11,23 +11,27 @@ import asyncio
 import contextlib
 import hmac
 import math
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
 from payonce.errors import (
     Abandoned,
+    BadQuery,
     CredentialRequired,
     InvalidIdempotencyKey,
+    MethodNotAllowed,
     NotFound,
-    ProblemError,
     RequestInProgress,
     StoreUnavailable,
+    Unauthorized,
 )
-from payonce.gateway.asgi import Receive, Scope, Send, send_json
+from payonce.gateway.asgi import Receive, Scope, Send, send_json, send_response
 from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import stored_request_id
+from payonce.gateway.openapi import MAX_WAIT, openapi_json
 from payonce.gateway.relay import relay_stored, send_whole
 from payonce.observe.metrics import CONTENT_TYPE_LATEST
 from payonce.store import Record, RecordState
@@ -35,19 +39,9 @@ from payonce.store import Record, RecordState
 if TYPE_CHECKING:
     from payonce.gateway.app import Gateway
 
-__all__ = ["handle", "record_document"]
+__all__ = ["ALLOWED_METHODS", "ROUTES", "handle", "record_document"]
 
 REPLAYED = (b"idempotent-replayed", b"true")
-
-MAX_WAIT = 300.0
-
-
-class MethodNotAllowed(ProblemError):
-    status, slug, title, should_retry = 405, "method-not-allowed", "Method not allowed", False
-
-
-class BadQuery(ProblemError, ValueError):
-    status, slug, title, should_retry = 400, "bad-query", "Bad query parameter", False
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -84,10 +78,6 @@ def record_document(record: Record, now: float) -> dict[str, object]:
         # A stream's progress: events recorded so far (null for a whole response).
         "events": record.events if record.streaming else None,
     }
-
-
-class Unauthorized(ProblemError):
-    status, slug, title, should_retry = 401, "unauthorized", "Metrics token required", False
 
 
 def _check_metrics_token(gateway: Gateway, headers: list[tuple[bytes, bytes]]) -> None:
@@ -145,77 +135,127 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
     return record
 
 
+Handler = Callable[["Gateway", Scope, Receive, Send, str], Awaitable[None]]
+
+# GET and HEAD only: what a 405 names in its Allow header (RFC 9110 section 15.5.6).
+ALLOWED_METHODS = ("GET", "HEAD")
+
+
+async def _metrics(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+    if gateway.metrics is None:  # --no-metrics
+        raise NotFound(f"{scope['path']}: metrics are off (--no-metrics)")
+    _check_metrics_token(gateway, scope["headers"])
+    body = gateway.metrics.render()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _health(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+    try:
+        await gateway.store.ping()
+    except StoreUnavailable:
+        if gateway.settings.on_store_failure != "open":
+            raise
+        # Still serving, unprotected: a load balancer must not take every replica out.
+        await send_json(send, 200, {"status": "degraded", "store": "unavailable"})
+        return
+    await send_json(send, 200, {"status": "ok", "store": "ok"})
+
+
+async def _openapi(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+    await send_response(send, 200, [(b"content-type", b"application/json")], openapi_json())
+
+
+def _tenant_and_wait(gateway: Gateway, scope: Scope) -> tuple[str, float]:
+    tenant = gateway.tenant(scope["headers"])  # the same tenant as keyed requests
+    if tenant == ANONYMOUS and gateway.settings.require_credential:
+        raise CredentialRequired("send the credential the request was made with")
+    return tenant, _wait_seconds(scope["query_string"])
+
+
+async def _status(gateway: Gateway, scope: Scope, receive: Receive, send: Send, key: str) -> None:
+    tenant, wait = _tenant_and_wait(gateway, scope)
+    record = await _lookup(gateway, tenant, key, wait)
+    document = record_document(record, gateway.clock.now())
+    local = gateway.running.get((tenant, key))
+    if local is not None and local.facts.request_id is not None:
+        document["upstream_request_id"] = local.facts.request_id
+    else:
+        document["upstream_request_id"] = await stored_request_id(gateway.store, record)
+    if local is not None and isinstance(local.head_value, LiveStream):
+        # Fresher than the store, which is written in batches.
+        document["events"] = len(local.head_value.events)
+    document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
+    await send_json(send, 200, document)
+
+
+async def _response(gateway: Gateway, scope: Scope, receive: Receive, send: Send, key: str) -> None:
+    tenant, wait = _tenant_and_wait(gateway, scope)
+    record = await _lookup(gateway, tenant, key, wait)
+    if record.lease_lapsed(gateway.clock.now()):
+        raise Abandoned(
+            f"the request with Idempotency-Key {key!r} has no response and nobody"
+            " is running it (its gateway stopped renewing the lease): re-send it"
+            " with the same key"
+        )
+    if record.response is None or (
+        record.state is RecordState.IN_PROGRESS and not record.streaming
+    ):
+        raise RequestInProgress(
+            f"the request with Idempotency-Key {key!r} has no response yet",
+            retry_after=1,
+        )
+    if record.streaming:
+        await relay_stored(
+            send, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
+        )
+    else:
+        await send_whole(send, record.response, REPLAYED)
+
+
+# Every endpoint under /_payonce/, by its path template: the dispatch table, and
+# what the OpenAPI description (gateway/openapi.py) must list, path for path.
+ROUTES: dict[str, Handler] = {
+    "/_payonce/health": _health,
+    "/_payonce/metrics": _metrics,
+    "/_payonce/openapi.json": _openapi,
+    "/_payonce/requests/{key}": _status,
+    "/_payonce/requests/{key}/response": _response,
+}
+_TEMPLATES = tuple((template.split("/")[2:], handler) for template, handler in ROUTES.items())
+
+
+def _route(parts: list[str]) -> tuple[Handler, str] | None:
+    """The handler of a path's segments after ``/_payonce/``, and the raw ``{key}`` in it."""
+    for segments, handler in _TEMPLATES:
+        if len(segments) != len(parts):
+            continue
+        key = ""
+        for template, part in zip(segments, parts, strict=True):
+            if template == "{key}" and part:
+                key = part
+            elif template != part:
+                break
+        else:
+            return handler, key
+    return None
+
+
 async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     path: str = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
-    parts = path.split("/")  # ["", "_payonce", ...]
-    if scope["method"] not in ("GET", "HEAD"):
+    if scope["method"] not in ALLOWED_METHODS:
         raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
-    if parts[2:] == ["metrics"] and gateway.metrics is not None:
-        _check_metrics_token(gateway, scope["headers"])
-        body = gateway.metrics.render()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", CONTENT_TYPE_LATEST.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-        return
-    if parts[2:] == ["health"]:
-        try:
-            await gateway.store.ping()
-        except StoreUnavailable:
-            if gateway.settings.on_store_failure != "open":
-                raise
-            # Still serving, unprotected: a load balancer must not take every replica out.
-            await send_json(send, 200, {"status": "degraded", "store": "unavailable"})
-            return
-        await send_json(send, 200, {"status": "ok", "store": "ok"})
-        return
-    if len(parts) in (4, 5) and parts[2] == "requests" and parts[3]:
-        key = _key_from_path(parts[3])
-        tenant = gateway.tenant(scope["headers"])  # the same tenant as keyed requests
-        if tenant == ANONYMOUS and gateway.settings.require_credential:
-            raise CredentialRequired("send the credential the request was made with")
-        wait = _wait_seconds(scope["query_string"])
-        if len(parts) == 4:
-            record = await _lookup(gateway, tenant, key, wait)
-            document = record_document(record, gateway.clock.now())
-            local = gateway.running.get((tenant, key))
-            if local is not None and local.facts.request_id is not None:
-                document["upstream_request_id"] = local.facts.request_id
-            else:
-                document["upstream_request_id"] = await stored_request_id(gateway.store, record)
-            if local is not None and isinstance(local.head_value, LiveStream):
-                # Fresher than the store, which is written in batches.
-                document["events"] = len(local.head_value.events)
-            document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
-            await send_json(send, 200, document)
-            return
-        if parts[4] == "response":
-            record = await _lookup(gateway, tenant, key, wait)
-            if record.lease_lapsed(gateway.clock.now()):
-                raise Abandoned(
-                    f"the request with Idempotency-Key {key!r} has no response and nobody"
-                    " is running it (its gateway stopped renewing the lease): re-send it"
-                    " with the same key"
-                )
-            if record.response is None or (
-                record.state is RecordState.IN_PROGRESS and not record.streaming
-            ):
-                raise RequestInProgress(
-                    f"the request with Idempotency-Key {key!r} has no response yet",
-                    retry_after=1,
-                )
-            if record.streaming:
-                await relay_stored(
-                    send, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
-                )
-            else:
-                await send_whole(send, record.response, REPLAYED)
-            return
-    raise NotFound(f"{scope['path']} is not a payonce endpoint")
+    found = _route(path.split("/")[2:])  # after "", "_payonce"
+    if found is None:
+        raise NotFound(f"{scope['path']} is not a payonce endpoint")
+    handler, raw_key = found
+    await handler(gateway, scope, receive, send, _key_from_path(raw_key) if raw_key else "")

@@ -35,6 +35,7 @@ from payonce.errors import (
     InvalidIdempotencyKey,
     ProblemError,
     RequestInProgress,
+    ShuttingDown,
     StoreUnavailable,
 )
 from payonce.gateway import admin
@@ -170,6 +171,7 @@ class Gateway:
                 *(name.encode() for name in settings.credential_header),
             ),
         )
+        self.stopping = False  # set at SIGTERM (gateway/server.py)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
         if self.metrics is not None:
@@ -191,6 +193,10 @@ class Gateway:
                 await admin.handle(self, scope, receive, send)
             except ProblemError as exc:
                 await problem_response(send, exc, scope["path"])
+            except asyncio.CancelledError:  # a long poll (?wait=) open at shutdown
+                if not self.stopping:
+                    raise
+                await self._cut_at_shutdown(None, send, scope["path"])
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         # The tenant hash is needed by keyed requests and by the call log and spans.
@@ -205,6 +211,10 @@ class Gateway:
         except ClientGone:
             record.outcome, record.status = "rejected", 499
             record.client_disconnected = True
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            await self._cut_at_shutdown(record, send, scope["path"])
         except ProblemError as exc:
             record.outcome = outcome_of(exc)
             if record.response_started:
@@ -234,6 +244,26 @@ class Gateway:
                     reason,
                 )
             self._finish(record, receive, run)
+
+    @staticmethod
+    async def _cut_at_shutdown(record: CallRecord | None, send: Send, path: str) -> None:
+        # uvicorn cancels the requests still open 5 s after SIGTERM. A keyed run goes
+        # on (drain) and stores its answer: its client is told to retry, rather than
+        # handed uvicorn's bare 500 (or a reset) and a traceback in the log.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        error = ShuttingDown(
+            "the gateway is shutting down; a request with an Idempotency-Key goes on"
+            " running and its answer is kept: retry with the same key",
+            retry_after=1,
+        )
+        if record is not None:
+            record.outcome = outcome_of(error)
+        if record is not None and record.response_started:
+            break_response(error.detail)
+        else:
+            await problem_response(send, error, path)
 
     def _finish(self, record: CallRecord, receive: Receive, run: Execution | None) -> None:
         """Log and count a request as what its client received (docs/call-log.md)."""
@@ -541,8 +571,13 @@ class Gateway:
             if purged >= _PURGE_ROUND:  # a backlog: keep at it
                 pause = min(every, _PURGE_AGAIN_SECONDS)
 
-    async def drain(self, grace: float) -> None:
-        """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them."""
+    async def drain(self, grace: float, housekeeping: asyncio.Task[Any] | None = None) -> None:
+        """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them.
+
+        ``housekeeping`` (:meth:`background`) keeps renewing their leases meanwhile, or
+        they would lapse mid-drain and another replica would run the calls again; it
+        is stopped before the last writes, which it would otherwise race.
+        """
         if self._tasks:
             log.info("waiting up to %.0fs for %d keyed upstream call(s)", grace, len(self._tasks))
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
@@ -550,6 +585,9 @@ class Gateway:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        if housekeeping is not None:
+            housekeeping.cancel()
+            await asyncio.gather(housekeeping, return_exceptions=True)
         if len(self.pending):
             await self.pending.retry()
         await self.replay_counts.flush(self.store)

@@ -143,6 +143,7 @@ def problem_document(
     if error.retry_after is not None:
         seconds = max(1, math.ceil(error.retry_after))
         headers.append((b"retry-after", str(seconds).encode()))
+    headers.extend(error.headers)
     return headers, json.dumps(problem, separators=(",", ":")).encode()
 
 

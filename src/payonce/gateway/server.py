@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from types import FrameType
 
 import aiohttp
 import uvicorn
@@ -29,6 +30,7 @@ from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
 from payonce.store import Codec, Sealing, open_store
+from payonce.store.redis import redacted
 from payonce.store.sealing import PLAIN, load_keys
 
 __all__ = ["WorkerLink", "run", "serve"]
@@ -54,7 +56,17 @@ class _Server(uvicorn.Server):
 
     uvicorn re-raises the captured signal once it stops serving, which kills the
     process before ``serve()`` can drain keyed upstream calls and close the store.
+    At the signal it tells the gateway, which then answers the requests uvicorn
+    cancels after its grace (``ShuttingDown``) instead of letting them crash.
     """
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+        super().__init__(config)
+        self._gateway = gateway
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._gateway.stopping = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -179,7 +191,7 @@ async def serve(
             )
             # After the Config: it (re)configures uvicorn's loggers.
             logging.getLogger("uvicorn.error").addFilter(_BrokenOnPurpose())
-            server = _Server(config)
+            server = _Server(config, gateway)
             housekeeping = asyncio.create_task(gateway.background())
             # Start-up objects never die: keep them out of every collection, and
             # collect the young generation less often (each request allocates a lot
@@ -193,13 +205,15 @@ async def serve(
                 settings.host,
                 settings.port,
                 upstream_url,
-                settings.store,
+                redacted(settings.store),
             )
             try:
                 await server.serve(sockets=sockets)
             finally:
-                housekeeping.cancel()
-                await gateway.drain(grace=settings.lease)
+                try:
+                    await gateway.drain(grace=settings.lease, housekeeping=housekeeping)
+                finally:
+                    housekeeping.cancel()
     finally:
         await store.close()
 

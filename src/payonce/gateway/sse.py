@@ -27,8 +27,11 @@ __all__ = [
     "numbered",
 ]
 
-# An event ends at a blank line; the three line endings SSE allows (WHATWG HTML 9.2.5).
-_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# An event ends at an empty line (WHATWG HTML 9.2.5): a line ending right after a
+# line's own ending, each of them CRLF, LF or CR, mixed as they come ("\n\r\n" too).
+# A CR is the start of a CRLF where an LF follows it, never a line ending of its own.
+_TERMINATOR = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r)")
+_LINE_ENDINGS = b"\r\n"
 
 
 # The first "id" of a stream is its response's: OpenAI chat chunks start with it,
@@ -87,6 +90,11 @@ def is_event_stream(content_type: str | None) -> bool:
 class EventSplitter:
     """Cuts a byte stream into whole events, however the chunks fall.
 
+    An event is what a client dispatches: its lines up to and including the
+    empty line that ends it. Empty lines before its first line (nothing for a
+    client to dispatch) stay in front of it, so every event has a line of its
+    own and the events, put together, are the stream byte for byte.
+
     One regex pass per chunk: searching each terminator separately rescanned the
     rest of a large chunk for every event (quadratic on a 1,000-event burst).
     """
@@ -98,28 +106,42 @@ class EventSplitter:
         buffer = self._buffer + chunk if self._buffer else chunk
         events: list[bytes] = []
         start = 0
+        last = len(buffer)
         for match in _TERMINATOR.finditer(buffer):
             end = match.end()
+            if end == last and buffer[-1] == 13:
+                # A CR at the very end may be the first half of a CRLF: whether the
+                # event ends there or one byte later is for the next chunk to say.
+                break
+            if buffer[start] in _LINE_ENDINGS and not buffer[start : match.start()].strip(
+                _LINE_ENDINGS
+            ):
+                continue  # only empty lines so far: they go with the next event
             events.append(buffer[start:end])
             start = end
         self._buffer = buffer[start:]
-        # A lone "\r" at the end may be the first half of "\r\n\r\n" or "\r\r": the
-        # regex saw it as nothing yet, and the next chunk completes it.
         return events
 
     def close(self) -> list[bytes]:
         """What is left when the stream ends: an unterminated last event, terminated."""
         rest, self._buffer = self._buffer, b""
-        return [rest + b"\n\n"] if rest.strip() else []
+        if not rest.strip(_LINE_ENDINGS):
+            return []
+        match = _TERMINATOR.search(rest, len(rest.rstrip(_LINE_ENDINGS)))
+        if match is not None and match.end() == len(rest):
+            return [rest]  # whole already (its last CR was held back for a CRLF)
+        # Complete the last line's ending, then add the empty line.
+        if rest.endswith(b"\n"):
+            return [rest + b"\n"]
+        if rest.endswith(b"\r"):
+            return [rest + b"\r"]
+        return [rest + b"\n\n"]
 
 
 def numbered(event: bytes, number: int) -> bytes:
-    """The event with ``id: <number>`` as its last field."""
-    if event.endswith(b"\r\n\r\n"):
-        return event[:-2] + b"id: %d\r\n\r\n" % number
-    if event.endswith(b"\r\r"):
-        return event[:-1] + b"id: %d\r\r" % number
-    return event[:-1] + b"id: %d\n\n" % number
+    """The event with ``id: <number>`` as its last field, ended as the event was."""
+    ending = b"\r\n" if event.endswith(b"\r\n") else event[-1:]
+    return event[: -len(ending)] + b"id: %d" % number + ending + ending
 
 
 def _data_json(event: bytes) -> object:

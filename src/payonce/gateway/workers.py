@@ -68,6 +68,7 @@ from payonce.gateway import server
 from payonce.gateway.upstream import parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogWriter
 from payonce.store import open_store, validate_store_url
+from payonce.store.redis import redacted
 
 __all__ = ["run_workers"]
 
@@ -229,7 +230,7 @@ class _Supervisor:
                 self.settings.host,
                 self.settings.port,
                 self.settings.upstream,
-                self.settings.store,
+                redacted(self.settings.store),
                 self.settings.workers,
             )
             while self.workers:

@@ -10,6 +10,7 @@ that says which flag to change.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,20 @@ class Engine:
         except duckdb.Error as exc:
             if label is None:
                 raise
-            raise ConfigError(f"{label}: cannot read: {_first_line(exc)}") from exc
+            raise ConfigError(f"{label}: cannot read: {_reason(exc)}") from exc
+
+
+_CSV_LINE = re.compile(r"CSV Error on Line: (\d+)")
+
+
+def _reason(exc: BaseException) -> str:
+    # DuckDB reads JSON lines with its CSV reader too, so its first line says "CSV
+    # Error" for either; the line number and the cause are what the user can act on.
+    text = str(exc)
+    line = _CSV_LINE.search(text)
+    if line and "Invalid unicode" in text:
+        return f"line {line.group(1)} is not valid UTF-8"
+    return _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

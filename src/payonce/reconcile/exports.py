@@ -39,7 +39,7 @@ from pathlib import Path
 
 from payonce.errors import ConfigError
 from payonce.reconcile.engine import Engine, sql_string
-from payonce.reconcile.loading import MONEY
+from payonce.reconcile.prices import MONEY
 from payonce.reconcile.sniff import read_head
 
 __all__ = ["EXPORT_NAMES", "Export", "ExportKind", "create_export_tables", "detect_export"]

@@ -1,6 +1,8 @@
 """Load input files into three DuckDB tables: ``calls``, ``bill`` and ``malformed``.
 
-Each file is read once by DuckDB's own readers, so nothing has to fit in memory:
+Each file is read by DuckDB's own readers, so nothing has to fit in memory (once;
+the usage reconciliation reads a call log twice, :func:`scan_source` then
+:func:`load_source`):
 
 - **CSV** goes through ``read_csv`` with every column typed (money as
   ``DECIMAL(18,10)``, counts as ``BIGINT``, timestamps as ``TIMESTAMPTZ``). A row
@@ -19,27 +21,25 @@ drift of binary floats, so a report says 0.3, not 0.30000000000000004.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 
 from payonce.errors import ConfigError
-from payonce.observe.pricing import ModelPrice, price_of
 from payonce.reconcile.engine import Engine, sql_string
+from payonce.reconcile.prices import MONEY, price_bill_lines
 from payonce.reconcile.schema import FieldKind, Side, SourceFormat, fields_of
 from payonce.reconcile.sniff import STAMP, Container, Sniffed
 
 __all__ = [
     "LoadedSource",
     "Source",
-    "bill_price",
+    "Target",
     "create_tables",
     "load_source",
     "resolve_columns",
+    "scan_source",
 ]
 
-MONEY = "DECIMAL(18,10)"
 _MAX_LINE = 64 << 20
 # Statuses written as words (LiteLLM writes "success"/"failure").
 _SUCCESS_WORDS = "('success', 'succeeded', 'ok', 'completed', 'true')"
@@ -150,39 +150,76 @@ def create_tables(engine: Engine) -> None:
     engine.execute(_TABLES)
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a file's normalized rows go instead of ``calls``/``bill``.
+
+    ``insert`` turns the SELECT of the file's normalized rows into the SELECT of
+    what to append to ``table`` (the usage reconciliation counts calls into cells
+    as it reads them); what it appends keeps ``src``, ``pos`` and ``reason``, and
+    ``rows`` is the aggregate that counts the file's rows in it.
+    """
+
+    table: str
+    insert: Callable[[str], str]
+    rows: str = "count(*)"
+
+
+def scan_source(engine: Engine, source: Source, statement: Callable[[str], str]) -> bool:
+    """Run ``statement`` over one file's normalized rows, without keeping its bad rows.
+
+    For a first pass over a file that :func:`load_source` reads again: returns
+    whether the file had to be read leniently, so the second read does the same
+    (and sees the same rows).
+    """
+    if source.sniffed.container is not Container.CSV:
+        engine.execute(statement(_json_select(source)), source=source.label)
+        return False
+    rejects = f"rejects_{source.index}_scan"
+    strict = _read_csv(engine, source, rejects, statement, strict=True)
+    engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
+    return not strict
+
+
+def _read_csv(
+    engine: Engine, source: Source, rejects: str, statement: Callable[[str], str], *, strict: bool
+) -> bool:
+    """Run ``statement`` over a CSV file's rows; False when it had to read leniently."""
+    try:
+        engine.execute(statement(_csv_select(source, rejects, strict=strict)), source=source.label)
+        return strict
+    except ConfigError as exc:
+        if not strict or "state machine" not in str(exc):
+            raise
+    # Mixed line endings or a stray quote stop DuckDB's strict parser for the whole
+    # file. Read it leniently instead (the caller says what that costs).
+    engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors; DROP TABLE IF EXISTS {rejects}_scans")
+    engine.execute(statement(_csv_select(source, rejects, strict=False)), source=source.label)
+    return False
+
+
 def load_source(
-    engine: Engine, source: Source, into: Callable[[str], str] | None = None
+    engine: Engine, source: Source, into: Target | None = None, *, lenient: bool = False
 ) -> LoadedSource:
     """Append one file to ``calls`` or ``bill``; its bad rows go to ``malformed``.
 
-    ``into`` puts the file's normalized rows somewhere else: given their SELECT, it
-    returns the SELECT of what to append to its table instead (the usage
-    reconciliation buckets calls while reading them, into ``placed``); what it
-    appends must keep ``src``, ``pos`` and ``reason``.
+    ``into`` puts the file's normalized rows somewhere else (see :class:`Target`).
+    ``lenient`` reads a CSV file leniently from the start (a first pass found
+    that the strict parser cannot read it).
     """
     table = "calls" if source.side is Side.CALLS else "bill"
+    count = "count(*)"
+    wrap: Callable[[str], str] = lambda select: select  # noqa: E731
     if into is not None:
-        table = "placed"
-    wrap = into or (lambda select: select)
+        table, wrap, count = into.table, into.insert, into.rows
     note = ""
+
+    def insert(select: str) -> str:
+        return f"INSERT INTO {table} BY NAME {wrap(select)}"
+
     if source.sniffed.container is Container.CSV:
         rejects = f"rejects_{source.index}"
-        try:
-            engine.execute(
-                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=True))}",
-                source=source.label,
-            )
-        except ConfigError as exc:
-            if "state machine" not in str(exc):
-                raise
-            # Mixed line endings or a stray quote stop DuckDB's strict parser for the
-            # whole file. Read it leniently instead, and say what that costs.
-            engine.execute(f"DROP TABLE IF EXISTS {rejects}_errors")
-            engine.execute(f"DROP TABLE IF EXISTS {rejects}_scans")
-            engine.execute(
-                f"INSERT INTO {table} BY NAME {wrap(_csv_select(source, rejects, strict=False))}",
-                source=source.label,
-            )
+        if not _read_csv(engine, source, rejects, insert, strict=not lenient):
             note = (
                 "read leniently (mixed line endings or stray quotes): a row with too"
                 " many columns keeps the first ones instead of being reported"
@@ -195,7 +232,7 @@ def load_source(
         engine.execute(f"DROP TABLE {rejects}_errors; DROP TABLE {rejects}_scans")
         note = _join_parts(engine, source, note)
         if source.priced:
-            _price(engine, source)
+            price_bill_lines(engine, source.index)
             # DuckDB does not number the rows it keeps: line 0 means "not known".
             engine.execute(
                 "INSERT INTO malformed SELECT src, coalesce(pos, 0), reason FROM bill"
@@ -204,18 +241,16 @@ def load_source(
             engine.execute(f"DELETE FROM bill WHERE src = {source.index} AND reason IS NOT NULL")
     else:
         with engine.ordered():
-            engine.execute(
-                f"INSERT INTO {table} BY NAME {wrap(_json_select(source))}", source=source.label
-            )
+            engine.execute(insert(_json_select(source)), source=source.label)
         note = _join_parts(engine, source, note)
         if source.priced:
-            _price(engine, source)
+            price_bill_lines(engine, source.index)
         engine.execute(
             f"INSERT INTO malformed SELECT src, pos, reason FROM {table}"
             f" WHERE src = {source.index} AND reason IS NOT NULL ORDER BY pos"
         )
         engine.execute(f"DELETE FROM {table} WHERE src = {source.index} AND reason IS NOT NULL")
-    rows = engine.scalar(f"SELECT count(*) FROM {table} WHERE src = {source.index}")
+    rows = engine.scalar(f"SELECT {count} FROM {table} WHERE src = {source.index}")
     bad = engine.scalar(f"SELECT count(*) FROM malformed WHERE src = {source.index}")
     return LoadedSource(source, int(rows or 0), int(bad or 0), note)
 
@@ -510,73 +545,3 @@ def _join_parts(engine: Engine, source: Source, note: str) -> str:
         return note
     joined = f"{dropped} continuation rows ({column} after a request's first) left out"
     return f"{note}; {joined}" if note else joined
-
-
-# ---------------------------------------------------------------- prices
-
-# Bedrock names a model by id (anthropic.claude-3-5-haiku-20241022-v1:0), by a
-# cross-region inference profile (us.anthropic...) or by an ARN ending in either.
-_PROFILE_PREFIX = re.compile(r"^(?:us|eu|apac|us-gov|global|jp|au|ca)\.")
-_PER_TOKEN = Decimal(1_000_000)
-
-
-def bill_price(model: str) -> ModelPrice | None:
-    """The price table's entry for a bill's model name, Bedrock ids included.
-
-    The name itself first (gpt-4o-2024-08-06, amazon.nova-micro-v1:0), then
-    without an ARN's path and a cross-region profile's prefix, then an
-    ``anthropic.`` id as Anthropic's own name (Bedrock lists Claude at
-    Anthropic's prices).
-    """
-    price = price_of(model)
-    if price is not None:
-        return price
-    name = _PROFILE_PREFIX.sub("", model.rsplit("/", 1)[-1])
-    price = price_of(name)
-    if price is None and name.startswith("anthropic."):
-        price = price_of(name.removeprefix("anthropic."))
-    return price
-
-
-def _price(engine: Engine, source: Source) -> None:
-    """Give one priced source's bill lines their cost: tokens at the table's rates.
-
-    A line without token counts, or whose model has no price, is malformed
-    rather than free.
-    """
-    src = source.index
-    engine.execute(
-        "UPDATE bill SET reason = CASE WHEN model IS NULL THEN 'no model to price'"
-        " ELSE 'no token counts to price' END WHERE src = "
-        f"{src} AND reason IS NULL AND (model IS NULL"
-        " OR (input_tokens IS NULL AND output_tokens IS NULL))"
-    )
-    models = [
-        str(row[0])
-        for row in engine.rows(
-            f"SELECT DISTINCT model FROM bill WHERE src = {src} AND reason IS NULL"
-        )
-    ]
-    rates = []
-    for model in models:
-        price = bill_price(model)
-        if price is not None:
-            per_in = Decimal(str(price.input)) / _PER_TOKEN
-            per_out = Decimal(str(price.output)) / _PER_TOKEN
-            rates.append(f"({sql_string(model)}, {per_in:f}, {per_out:f})")
-    table = f"prices_{src}"
-    engine.execute(
-        f"CREATE TEMP TABLE {table} (model VARCHAR, input DECIMAL(18,15), output DECIMAL(18,15))"
-    )
-    if rates:
-        engine.execute(f"INSERT INTO {table} VALUES {', '.join(rates)}")
-    engine.execute(
-        f"UPDATE bill SET cost_usd = CAST(coalesce(input_tokens, 0) * p.input"
-        f" + coalesce(output_tokens, 0) * p.output AS {MONEY}) FROM {table} p"
-        f" WHERE bill.src = {src} AND bill.reason IS NULL AND bill.model = p.model"
-    )
-    engine.execute(
-        "UPDATE bill SET reason = 'no price for model ' || model"
-        f" WHERE src = {src} AND reason IS NULL AND cost_usd IS NULL"
-    )
-    engine.execute(f"DROP TABLE {table}")

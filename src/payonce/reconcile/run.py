@@ -20,7 +20,7 @@ from payonce.reconcile.loading import LoadedSource, create_tables, load_source, 
 from payonce.reconcile.report import InputSummary, Report
 from payonce.reconcile.schema import CALL_FIELDS, REQUEST_JOIN_CALL_FIELDS, Side
 from payonce.reconcile.sniff import detect_format, read_head, sniff
-from payonce.reconcile.usage_analysis import analyse_usage, prepare_usage
+from payonce.reconcile.usage_analysis import analyse_usage, load_calls, prepare_usage
 from payonce.reconcile.usage_report import UsageReport
 
 __all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
@@ -164,10 +164,10 @@ def reconcile_usage(
             )
         if not any(export.kind.is_usage for export in exports) and options.key_map:
             raise ConfigError("--key-map: needs a usage report (cost reports are not by key)")
-        # The calls are bucketed as they are read: 100 million of them are never
-        # held twice.
+        # The calls are counted into cells as they are read: no line is kept, except
+        # those of business ids on several lines, found by a first pass.
         prepared = prepare_usage(engine, options.key_map)
-        loaded = [load_source(engine, source, into=prepared.place) for source in sources]
+        loaded = load_calls(engine, prepared, sources)
         summaries[:0] = [_summary(item) for item in loaded]
         result = analyse_usage(engine, prepared, options.token_tolerance)
         files = {source.index: source.label for source in sources}

@@ -119,21 +119,18 @@ def sniff(path: Path) -> Sniffed:
     if first.startswith("["):
         return _document(path, zipped, head)
     if first.startswith("{"):
-        try:
-            json.loads(first)
-        except ValueError:
-            # A "{" line that is not a whole object: a pretty-printed document.
+        envelope = _loaded(first)
+        if envelope is None:
+            # A "{" line that is not a whole object: a pretty-printed document (or a
+            # line nested past what json reads, found malformed when loaded).
             return _document(path, zipped, head)
-        envelope = json.loads(first)
         if isinstance(envelope, dict) and isinstance(envelope.get("data"), list):
             # {"data": [...]} on one line: an API export, not one record per line.
             return Sniffed(path, Container.JSON, zipped, _json_keys(envelope["data"]))
-        records: list[object] = []
-        for line in lines[:_SAMPLE_LINES]:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue  # malformed lines are counted later, with their numbers
+        # Malformed lines (None) are counted later, with their numbers.
+        records = [
+            record for line in lines[:_SAMPLE_LINES] if (record := _loaded(line)) is not None
+        ]
         inner = _unwrapped(records)
         if inner is not None:
             return Sniffed(path, Container.JSONL, zipped, _json_keys(inner), enveloped=True)
@@ -154,7 +151,7 @@ def _document(path: Path, zipped: bool, head: bytes) -> Sniffed:
 def _loaded(line: str) -> object:
     try:
         return json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what json reads
         return None
 
 
@@ -172,7 +169,7 @@ def _json_document_records(head: bytes) -> list[object]:
             position += 1
         try:
             record, position = decoder.raw_decode(text, position)
-        except ValueError:
+        except (ValueError, RecursionError):
             break
         records.append(record)
     return records

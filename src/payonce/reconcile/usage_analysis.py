@@ -3,10 +3,11 @@
 ::
 
     usage ──(later file wins on repeats)──► billed cells (provider, bucket, model, key)
-    calls ──(the report's grid: origin + k x width)──► placed (provider by path,
-          upstream call or not, bucket, model and key cells)
-    placed ──(business ids on several lines)──► flags (first line, duplicate)
-    placed + flags ──► logged cells (calls, duplicates, tokens, money, business requests)
+    calls ──(first pass: business ids' hashes seen twice)──► repeated
+    calls ──(second pass, the report's grid: origin + k x width)──► lines (counted
+          per provider, bucket, model and key; per business id too if repeated)
+    lines ──(repeated business ids)──► flags (first line, needed call)
+    lines + flags ──► logged cells (calls, duplicates, tokens, money, business requests)
     billed ⟗ logged ──► cells ──► per bucket
                                       └──► per (provider, model, key) over the period
                                            ──► by model, by key, by provider, in all
@@ -21,7 +22,7 @@ that ran. A report not grouped by model is compared in all models at once.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -30,10 +31,17 @@ from payonce.errors import ConfigError
 from payonce.reconcile import usage_sql
 from payonce.reconcile.engine import Engine, sql_string
 from payonce.reconcile.keymap import KeyMap
-from payonce.reconcile.loading import bill_price
+from payonce.reconcile.loading import (
+    LoadedSource,
+    Source,
+    Target,
+    load_source,
+    scan_source,
+)
+from payonce.reconcile.prices import bill_price
 from payonce.reconcile.usage_report import CostDay, UsageFigures, UsageSlice
 
-__all__ = ["Prepared", "UsageAnalysis", "analyse_usage", "prepare_usage"]
+__all__ = ["Prepared", "UsageAnalysis", "analyse_usage", "load_calls", "prepare_usage"]
 
 OTHER_KEYS = "(keys not in --key-map)"
 UNMAPPED = "(tenants not in --key-map)"
@@ -62,7 +70,7 @@ class UsageAnalysis:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """The reports read and checked, and ``placed`` ready to take the calls."""
+    """The reports read and checked, and ``lines`` ready to take the calls."""
 
     key_map: KeyMap | None
     providers: list[tuple[str, bool]]
@@ -70,27 +78,100 @@ class Prepared:
     only_provider: str
     grids: tuple[_Grid, ...]
 
-    def place(self, relation: str) -> str:
-        """The SELECT appending one call log's normalized rows to ``placed``.
+    def hashes(self, relation: str) -> str:
+        """The first pass over one call log's normalized rows: its business ids'
+        hashes, appended to ``hashes``."""
+        return "INSERT INTO hashes " + usage_sql.HASHES.format(relation=relation)
 
-        A call finds its bucket by arithmetic on constants (the report's origin and
-        width), not by a join: joining a hundred million calls with the buckets was
-        most of the time.
+    def target(self) -> Target:
+        """Where the second pass puts one call log's rows: counted into ``counted``.
+
+        A call finds its bucket number by arithmetic on constants (each grid's
+        origin and width), not by a join: joining a hundred million calls with
+        the buckets was most of the time.
         """
+        return Target("counted", self._counted, rows="sum(n)")
+
+    def _counted(self, relation: str) -> str:
+        call = usage_sql.CALL.format(relation=relation, grid_columns=self._grid_columns())
+        return usage_sql.COUNTED.format(call=call, grid_names=", ".join(self._grid_names()))
+
+    def counted_columns(self) -> str:
+        """The columns of ``counted``, whose bucket numbers depend on the grids."""
+        grids = ", ".join(f"{name} BIGINT" for name in self._numbers()) or "k_none BIGINT"
+        ends = "".join(f", {self._end(grid)} BOOLEAN" for grid in self.grids if grid.short)
+        return (
+            "src INTEGER, pos BIGINT, reason VARCHAR, endpoint VARCHAR, tag VARCHAR,"
+            f" model VARCHAR, {grids}{ends}, flags INTEGER, n BIGINT, input_tokens HUGEINT,"
+            " output_tokens HUGEINT, cost DECIMAL(38,10),"
+            " repeats STRUCT(b VARCHAR, t TIMESTAMPTZ, c DECIMAL(18,10))[]"
+        )
+
+    def lines(self) -> str:
+        """The statement placing ``counted``'s groups in providers, buckets and keys."""
         usage = [grid for grid in self.grids if grid.usage]
         costs = [grid for grid in self.grids if not grid.usage]
-        gridded = " OR ".join(f"c.provider = {sql_string(g.provider)}" for g in usage) or "false"
+        gridded = " OR ".join(f"provider = {sql_string(g.provider)}" for g in usage) or "false"
         keyed = "coalesce(k.target, " + sql_string(UNMAPPED) + ")" if self.key_map else "'*'"
-        join = "LEFT JOIN keymap k ON k.tenant = c.tag" if self.key_map else ""
-        return usage_sql.PLACED.format(
-            relation=relation,
-            only_provider=self.only_provider,
-            bucket=_bucket_of("c.provider", usage),
-            cost_bucket=_bucket_of("c.cost_provider", costs),
+        return usage_sql.LINES.format(
             gridded=gridded,
+            bucket=self._bucket_of("c.provider", usage),
+            cost_bucket=self._bucket_of("c.cost_provider", costs),
             kd=f"CASE WHEN c.provider IS NOT NULL THEN {keyed} END" if self.key_map else "'*'",
-            keymap_join=join,
+            keymap_join="LEFT JOIN keymap k ON k.tenant = c.tag" if self.key_map else "",
+            only_provider=self.only_provider,
         )
+
+    def _numbers(self) -> dict[str, tuple[int, int]]:
+        """A bucket number column per distinct grid (origin and width)."""
+        shapes = dict.fromkeys((grid.origin, grid.width) for grid in self.grids)
+        return {f"k{i}": shape for i, shape in enumerate(shapes)}
+
+    def _number(self, grid: _Grid) -> str:
+        return next(n for n, shape in self._numbers().items() if shape == (grid.origin, grid.width))
+
+    def _end(self, grid: _Grid) -> str:
+        return f"before_end{self.grids.index(grid)}"
+
+    def _grid_names(self) -> list[str]:
+        names = list(self._numbers()) or ["k_none"]
+        return names + [self._end(grid) for grid in self.grids if grid.short]
+
+    def _grid_columns(self) -> str:
+        # ``//`` truncates toward zero: a time before the origin is made negative
+        # (outside every grid) by the subtraction.
+        columns = [
+            f"(epoch_us(c.ts) - {origin * 1_000_000}) // {width * 1_000_000}"
+            f" - (epoch_us(c.ts) < {origin * 1_000_000})::BIGINT AS {name}"
+            for name, (origin, width) in self._numbers().items()
+        ] or ["NULL::BIGINT AS k_none"]
+        # A report cut at its end time has a shorter last bucket.
+        columns += [
+            f"c.ts < {sql_string(grid.end.isoformat())}::TIMESTAMPTZ AS {self._end(grid)}"
+            for grid in self.grids
+            if grid.short
+        ]
+        return ", ".join(columns)
+
+    def _bucket_of(self, provider: str, grids: list[_Grid]) -> str:
+        """SQL for a group's bucket number k on its provider's grid, NULL outside it."""
+        if not grids:
+            return "NULL::BIGINT"
+        cases = []
+        for grid in grids:
+            k = f"c.{self._number(grid)}"
+            inside = f"{k} BETWEEN {grid.first} AND {grid.last}"
+            if grid.short:
+                inside += f" AND c.{self._end(grid)}"
+            if not grid.contiguous:
+                # A report with holes: only the buckets it has (rare: the APIs answer
+                # every bucket of the range, empty ones too).
+                inside += (
+                    f" AND {k} IN (SELECT k FROM report_buckets WHERE provider ="
+                    f" {sql_string(grid.provider)} AND usage = {grid.usage})"
+                )
+            cases.append(f"WHEN {provider} = {sql_string(grid.provider)} AND {inside} THEN {k}")
+        return "CASE " + " ".join(cases) + " END"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,27 +187,11 @@ class _Grid:
     end: Any  # the last bucket's end (it may be shorter)
     contiguous: bool
 
-
-def _bucket_of(provider: str, grids: list[_Grid]) -> str:
-    """SQL for a call's bucket number k on its provider's grid, NULL outside it."""
-    if not grids:
-        return "NULL::BIGINT"
-    cases = []
-    for grid in grids:
-        k = f"(epoch_us(c.ts) - {grid.origin * 1_000_000}) // {grid.width * 1_000_000}"
-        inside = (
-            f"c.ts >= to_timestamp({grid.origin}) AND c.ts < {sql_string(grid.end.isoformat())}"
-            "::TIMESTAMPTZ"
-        )
-        if not grid.contiguous:
-            # A report with holes: only the buckets it has (rare: the APIs answer
-            # every bucket of the range, empty ones too).
-            inside += (
-                f" AND {k} IN (SELECT k FROM report_buckets WHERE provider ="
-                f" {sql_string(grid.provider)} AND usage = {grid.usage})"
-            )
-        cases.append(f"WHEN {provider} = {sql_string(grid.provider)} AND {inside} THEN {k}")
-    return "CASE " + " ".join(cases) + " END"
+    @property
+    def short(self) -> bool:
+        """The last bucket ends before a whole width (a report cut at its end time)."""
+        end = int(self.end.timestamp())
+        return end < self.origin + (self.last + 1) * self.width
 
 
 def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
@@ -145,7 +210,7 @@ def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
             else ""
         )
     )
-    engine.execute(f"CREATE TABLE placed ({usage_sql.PLACED_COLUMNS})")
+    engine.execute("CREATE TABLE hashes (hb UBIGINT)")
     grids = tuple(
         _Grid(str(p), bool(u), int(o), int(w), int(a), int(b), end, int(n) == int(b) - int(a) + 1)
         for p, u, o, w, a, b, end, n in engine.rows(
@@ -153,23 +218,56 @@ def prepare_usage(engine: Engine, key_map: KeyMap | None) -> Prepared:
             " FROM report_buckets JOIN grid g USING (provider, usage) GROUP BY ALL"
         )
     )
-    return Prepared(
+    prepared = Prepared(
         key_map=key_map,
         providers=providers,
         notes=notes,
         only_provider=sql_string(only[0]) if len(only) == 1 else "NULL",
         grids=grids,
     )
+    engine.execute(f"CREATE TABLE counted ({prepared.counted_columns()})")
+    return prepared
+
+
+def load_calls(engine: Engine, prepared: Prepared, sources: Sequence[Source]) -> list[LoadedSource]:
+    """Read the call logs twice: the business ids' hashes, then the calls into ``lines``.
+
+    No call is kept: 100 million of them would not fit in memory. The first pass
+    finds the business ids on several lines (their hashes), so the second can
+    count every other call straight into its cell.
+    """
+    before = [_stamp(source) for source in sources]
+    lenient = [scan_source(engine, source, prepared.hashes) for source in sources]
+    engine.execute(usage_sql.REPEATED, progress="finding repeated business ids")
+    loaded = [
+        load_source(engine, source, into=prepared.target(), lenient=flag)
+        for source, flag in zip(sources, lenient, strict=True)
+    ]
+    for source, stamp in zip(sources, before, strict=True):
+        # Lines appended between the passes would be counted without their
+        # duplicates: the figures would be wrong, not late.
+        if _stamp(source) != stamp:
+            raise ConfigError(
+                f"{source.label}: changed while it was read (a log still being written?);"
+                " reconcile a rotated log, or a copy"
+            )
+    return loaded
+
+
+def _stamp(source: Source) -> tuple[int, int]:
+    status = source.sniffed.path.stat()
+    return status.st_size, status.st_mtime_ns
 
 
 def analyse_usage(engine: Engine, prepared: Prepared, tolerance: float) -> UsageAnalysis:
-    """Compare the calls in ``placed`` with the loaded ``usage`` and ``costs`` tables."""
+    """Compare the calls in ``lines`` with the loaded ``usage`` and ``costs`` tables."""
     key_map, providers = prepared.key_map, prepared.providers
+    engine.execute(prepared.lines(), progress="placing the calls")
     engine.execute(usage_sql.FLAGS.format(no_cost=_NO_COST), progress="finding duplicates")
     outside = {
         str(reason): int(count)
         for reason, count in engine.rows(
-            "SELECT outside, count(*) FROM placed WHERE outside IS NOT NULL GROUP BY outside"
+            "SELECT outside, sum(n) FROM lines WHERE outside IS NOT NULL GROUP BY outside"
         )
     }
     engine.execute(

@@ -2,24 +2,31 @@
 
 Tables, in the order they are made: ``billed_rows``/``cost_rows`` (the reports, later
 files winning on repeats), ``grid`` and ``report_buckets`` (each report's buckets,
-numbered ``k`` on its grid), ``placed`` (each call, bucketed as it is read),
-``flags`` (business ids on several lines), ``logged``/``billed``/``cells`` (the
-comparison per provider, bucket, model and key) and ``period``.
+numbered ``k`` on its grid), ``repeated`` (hashes of business ids on several lines,
+from a first pass over the logs), ``counted`` (the calls counted per path, tenant,
+model and bucket number as a second pass reads them, the calls of ``repeated``
+also listed), ``lines`` (those groups placed in their provider, bucket and key),
+``flags`` (the listed business requests' first and needed calls),
+``logged``/``billed``/``cells`` (the comparison per provider, bucket, model and
+key) and ``period``.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CALL",
     "CELLS",
     "COST_DAYS",
+    "COUNTED",
     "DERIVED",
     "FLAGS",
+    "HASHES",
+    "LINES",
     "LOGGED",
     "OFF_GRID",
     "PERIOD_CELLS",
-    "PLACED",
-    "PLACED_COLUMNS",
     "RAW",
+    "REPEATED",
     "SETUP",
     "SUMS",
 ]
@@ -61,92 +68,139 @@ WHERE (epoch(b.bucket_start)::BIGINT - g.origin) % g.width <> 0
 LIMIT 1
 """
 
-# Each call as it is read: which provider, whether it was an upstream call, its
-# bucket (the report's grid: origin + k x width) and its key cell. The model is
-# kept as written and mapped to its cell only once the calls are counted (a
-# regular expression on every call was a third of the time).
-PLACED_COLUMNS = """
-src INTEGER, pos BIGINT, reason VARCHAR, hb UBIGINT, business_id VARCHAR,
-ts TIMESTAMPTZ, success BOOLEAN, cost DECIMAL(18,10), input_tokens BIGINT,
-output_tokens BIGINT, model VARCHAR, provider VARCHAR, cost_provider VARCHAR,
-upstream_call BOOLEAN, bucket BIGINT, cost_bucket BIGINT, kd VARCHAR, outside VARCHAR
+# The first pass over a call log: the 64-bit hash of every business id (integers
+# sort and compare several times faster than strings). A hash seen once is a
+# business request on one line: the second pass counts its calls straight into
+# cells. The hashes seen twice are found by sorting them, not by grouping: a hash
+# table of a hundred million distinct hashes spilled at 4 GiB, the sort did not.
+HASHES = """
+SELECT hash(business_id) AS hb FROM ({relation}) WHERE business_id IS NOT NULL
 """
 
-PLACED = """
-SELECT c.src, c.pos, c.reason, hash(c.business_id) AS hb, c.business_id, c.ts, c.success,
-       c.cost_usd AS cost, c.input_tokens, c.output_tokens, c.model, c.provider,
-       c.cost_provider,
+REPEATED = """
+CREATE TABLE repeated AS
+SELECT DISTINCT hb FROM (SELECT hb, lag(hb) OVER (ORDER BY hb) AS prev FROM hashes)
+WHERE hb = prev;
+DROP TABLE hashes;
+"""
+
+# The second pass: each call as it is read, reduced to what its cell needs. Only
+# integer arithmetic and raw columns here, no CASE: this runs on every call. The
+# provider (from the path), the bucket (from k, the bucket number on each grid:
+# origin + k x width), the key (from the tenant) and the model's cell are found
+# once the calls are counted, on a few thousand groups. ``flags`` packs whether
+# it was an upstream call (bit 1), succeeded (2), had no business id (4), no
+# usage (8), no cost (16), no timestamp (32).
+CALL = """
+SELECT c.src, c.pos * (c.reason IS NOT NULL)::BIGINT AS pos, c.reason, c.endpoint, c.tag,
+       c.model, {grid_columns},
        -- Sent: it made an upstream attempt (v2), or was forwarded (v1), or the log
        -- does not say (a generic log: every line is a call). Counted: answered 2xx,
        -- or cancelled after it was sent (the provider may have billed it).
-       coalesce(c.upstream_attempts > 0, c.outcome IN ('forwarded', 'passthrough', 'error'), true)
-       AND CASE WHEN c.upstream_status IS NULL AND c.upstream_cancelled IS NULL
-                     AND c.outcome IS NULL THEN c.success
-                ELSE coalesce(c.upstream_status BETWEEN 200 AND 299, false)
-                     OR coalesce(c.upstream_cancelled, false) END AS upstream_call,
-       {bucket} AS bucket,
-       {cost_bucket} AS cost_bucket,
-       {kd} AS kd,
-       CASE WHEN c.provider IS NULL THEN 'endpoints the usage reports do not cover'
-            WHEN NOT ({gridded}) THEN 'no usage report for their provider'
-            WHEN c.ts IS NULL THEN 'no timestamp'
-            WHEN {bucket} IS NULL THEN 'outside the usage reports'' buckets' END AS outside
-FROM (
-    SELECT *,
-           CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
-                WHEN suffix(endpoint, '/v1/chat/completions')
-                  OR suffix(endpoint, '/v1/completions')
-                  OR suffix(endpoint, '/v1/responses') THEN 'openai'
-                WHEN endpoint IS NULL THEN {only_provider} END AS provider,
-           CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
-                WHEN endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider
-    FROM ({relation})
-) c
-{keymap_join}
+       (coalesce(c.upstream_attempts > 0, c.outcome IN ('forwarded', 'passthrough', 'error'),
+                 true)
+        AND ((c.upstream_status IS NULL AND c.upstream_cancelled IS NULL AND c.outcome IS NULL
+              AND c.success)
+             OR (NOT (c.upstream_status IS NULL AND c.upstream_cancelled IS NULL
+                      AND c.outcome IS NULL)
+                 AND (coalesce(c.upstream_status BETWEEN 200 AND 299, false)
+                      OR coalesce(c.upstream_cancelled, false)))))::INTEGER
+       + 2 * c.success::INTEGER + 4 * (c.business_id IS NULL)::INTEGER
+       + 8 * (c.input_tokens IS NULL AND c.output_tokens IS NULL)::INTEGER
+       + 16 * (c.cost_usd IS NULL)::INTEGER + 32 * (c.ts IS NULL)::INTEGER AS flags,
+       c.input_tokens, c.output_tokens, c.cost_usd AS cost, c.business_id, c.ts,
+       r.hb IS NOT NULL AND c.business_id IS NOT NULL AS repeated
+FROM ({relation}) c LEFT JOIN repeated r ON r.hb = hash(c.business_id)
 """
 
-# Business requests with several lines, found by a 64-bit hash first (integers
-# group several times faster than strings; a collision only adds a candidate,
-# since ``per_business`` groups the exact ids). For each: its first line (where
-# it is counted), whether it succeeded, and the upstream call it needed (the
-# cheapest, then the earliest); its other upstream calls are duplicates.
+# The calls counted per cell as they are read. A call of a business id whose hash
+# was seen more than once is counted like the others, and also listed (its id,
+# time and cost) for the business requests on several lines to be sorted out
+# afterwards (``FLAGS``). A malformed line is a group of its own (its line number
+# is listed).
+COUNTED = """
+SELECT src, pos, reason, endpoint, tag, model, {grid_names}, flags,
+       count(*) AS n, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+       sum(cost) AS cost,
+       list({{'b': business_id, 't': ts, 'c': cost}}) FILTER (repeated) AS repeats
+FROM ({call}) GROUP BY ALL
+"""
+
+# The counted groups, placed: provider by path, bucket on its provider's grid (NULL
+# outside it), key cell, and why a group is not compared (``outside``).
+LINES = """
+CREATE TABLE lines AS
+SELECT gid, src, provider, cost_provider, bucket, cost_bucket, kd, model,
+       CASE WHEN provider IS NULL THEN 'endpoints the usage reports do not cover'
+            WHEN NOT ({gridded}) THEN 'no usage report for their provider'
+            WHEN flags & 32 <> 0 THEN 'no timestamp'
+            WHEN bucket IS NULL THEN 'outside the usage reports'' buckets' END AS outside,
+       n, flags & 1 <> 0 AS upstream, flags & 2 <> 0 AS ok, flags & 4 <> 0 AS unkeyed,
+       flags & 8 <> 0 AS no_usage, flags & 16 <> 0 AS no_cost,
+       input_tokens, output_tokens, cost
+FROM (
+    SELECT c.*, {bucket} AS bucket, {cost_bucket} AS cost_bucket, {kd} AS kd
+    FROM (
+        SELECT rowid AS gid, *,
+               CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
+                    WHEN suffix(endpoint, '/v1/chat/completions')
+                      OR suffix(endpoint, '/v1/completions')
+                      OR suffix(endpoint, '/v1/responses') THEN 'openai'
+                    WHEN endpoint IS NULL THEN {only_provider} END AS provider,
+               CASE WHEN suffix(endpoint, '/v1/messages') THEN 'anthropic'
+                    WHEN endpoint IS NULL THEN {only_provider} ELSE 'openai' END AS cost_provider
+        FROM counted
+    ) c
+    {keymap_join}
+);
+"""
+
+# Business requests with several lines: for each, its first line (where it is
+# counted), whether it succeeded, and the upstream call it needed (the cheapest,
+# then the earliest); its other upstream calls are duplicates. ``flags`` says, per
+# counted group, how many of its listed calls are first lines, or needed.
 FLAGS = """
-CREATE TEMP TABLE repeated AS
-SELECT hb FROM placed WHERE business_id IS NOT NULL GROUP BY hb HAVING count(*) > 1;
-CREATE TEMP TABLE multi AS
-SELECT rowid AS rid, business_id, ts, cost, upstream_call, success FROM placed
-WHERE business_id IS NOT NULL AND hb IN (SELECT hb FROM repeated);
+CREATE TEMP TABLE repeat_lines AS
+SELECT gid, r.b AS b, r.t AS t, r.c AS c
+FROM (SELECT rowid AS gid, unnest(repeats) AS r FROM counted WHERE repeats IS NOT NULL);
+DROP TABLE counted;
 CREATE TEMP TABLE per_business AS
-SELECT business_id, arg_min(rid, (ts, rid)) AS first_rid, bool_or(success) AS ok,
-       arg_min(rid, (coalesce(cost, {no_cost}), ts, rid)) FILTER (upstream_call) AS kept_rid
-FROM multi GROUP BY business_id;
+SELECT b, arg_min(lid, (t, lid)) AS first_lid, bool_or(ok) AS ok,
+       arg_min(lid, (coalesce(c, {no_cost}), t, lid)) FILTER (upstream) AS kept_lid
+FROM (SELECT x.rowid AS lid, x.b, x.t, x.c, l.ok, l.upstream
+      FROM repeat_lines x JOIN lines l USING (gid))
+GROUP BY b;
 CREATE TEMP TABLE flags AS
-SELECT m.rid, m.rid <> b.first_rid AS later, b.ok,
-       coalesce(m.upstream_call AND m.rid <> b.kept_rid, false) AS dup
-FROM multi m JOIN per_business b USING (business_id);
+SELECT x.gid, count(*) AS m, count(*) FILTER (x.lid = p.first_lid) AS firsts,
+       count(*) FILTER (x.lid = p.first_lid AND p.ok) AS firsts_ok,
+       count(*) FILTER (x.lid IS NOT DISTINCT FROM p.kept_lid) AS kept,
+       coalesce(sum(x.c), 0) AS repeat_cost,
+       coalesce(sum(x.c) FILTER (x.lid IS NOT DISTINCT FROM p.kept_lid), 0) AS kept_cost
+FROM (SELECT rowid AS lid, gid, b, c FROM repeat_lines) x JOIN per_business p USING (b)
+GROUP BY x.gid;
 """
 
 CELLS = """
 CREATE TABLE logged_models AS
 SELECT provider, bucket, NULL::TIMESTAMPTZ AS bucket_start, model, kd,
-       count(*) FILTER (upstream_call) AS logged_upstream_calls,
+       coalesce(sum(n) FILTER (upstream), 0) AS logged_upstream_calls,
        -- Every retry sent without a key (no business id) duplicates an unnamed call.
-       count(*) FILTER (upstream_call AND (business_id IS NULL OR coalesce(f.dup, false)))
-           AS duplicate_requests,
-       coalesce(sum(input_tokens) FILTER (upstream_call), 0) AS logged_input_tokens,
-       coalesce(sum(output_tokens) FILTER (upstream_call), 0) AS logged_output_tokens,
-       count(*) FILTER (upstream_call AND input_tokens IS NULL AND output_tokens IS NULL)
-           AS unknown_usage_calls,
-       coalesce(sum(cost) FILTER (upstream_call), 0) AS logged_cost_usd,
-       coalesce(sum(cost) FILTER (upstream_call AND (business_id IS NULL
-           OR coalesce(f.dup, false))), 0) AS wasted_cost_usd,
-       count(*) FILTER (upstream_call AND cost IS NULL) AS unpriced_calls,
-       -- A business request is counted in the bucket of its first line.
-       count(*) FILTER (business_id IS NOT NULL AND NOT coalesce(f.later, false))
+       coalesce(sum(n) FILTER (upstream AND unkeyed), 0)
+           + coalesce(sum(f.m - f.kept) FILTER (upstream), 0) AS duplicate_requests,
+       coalesce(sum(input_tokens) FILTER (upstream), 0) AS logged_input_tokens,
+       coalesce(sum(output_tokens) FILTER (upstream), 0) AS logged_output_tokens,
+       coalesce(sum(n) FILTER (upstream AND no_usage), 0) AS unknown_usage_calls,
+       coalesce(sum(cost) FILTER (upstream), 0) AS logged_cost_usd,
+       coalesce(sum(cost) FILTER (upstream AND unkeyed), 0)
+           + coalesce(sum(f.repeat_cost - f.kept_cost) FILTER (upstream), 0) AS wasted_cost_usd,
+       coalesce(sum(n) FILTER (upstream AND no_cost), 0) AS unpriced_calls,
+       -- A business request is counted in the bucket of its first line; a business
+       -- id on one line is a business request there.
+       coalesce(sum(n - coalesce(f.m, 0) + coalesce(f.firsts, 0)) FILTER (NOT unkeyed), 0)
            AS business_requests,
-       count(*) FILTER (business_id IS NOT NULL AND NOT coalesce(f.later, false)
-           AND coalesce(f.ok, success)) AS successful_business_requests
-FROM (SELECT rowid AS rid, * FROM placed) LEFT JOIN flags f USING (rid)
+       coalesce(sum((n - coalesce(f.m, 0)) * ok::INTEGER + coalesce(f.firsts_ok, 0))
+           FILTER (NOT unkeyed), 0) AS successful_business_requests
+FROM lines LEFT JOIN flags f USING (gid)
 WHERE outside IS NULL GROUP BY ALL;
 
 -- Bucket numbers back to the buckets' starts, now that there are few rows.
@@ -284,8 +338,8 @@ WITH days AS (
     FROM cost_rows GROUP BY ALL
 ), spent AS (
     SELECT b.provider, b.bucket_start, s.logged
-    FROM (SELECT cost_provider, cost_bucket, sum(cost) AS logged FROM placed
-          WHERE upstream_call AND cost_bucket IS NOT NULL GROUP BY ALL) s
+    FROM (SELECT cost_provider, cost_bucket, sum(cost) AS logged FROM lines
+          WHERE upstream AND cost_bucket IS NOT NULL GROUP BY ALL) s
     JOIN report_buckets b ON NOT b.usage AND b.provider = s.cost_provider
         AND b.k = s.cost_bucket
 )

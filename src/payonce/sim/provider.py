@@ -441,7 +441,9 @@ async def _read_json(request: web.Request) -> object:
     raw = await request.read()
     try:
         return json.loads(raw)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+    except (ValueError, RecursionError):
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError is a
+        # body nested deeper than the json module reads ([[[[...]]]] 1,000 levels on).
         raise BadRequest(
             "We could not parse the JSON body of your request. The body must be valid JSON."
         ) from None

@@ -9,7 +9,7 @@ from payonce.errors import ConfigError
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, Store, StoredResponse
 from payonce.store.memory import MemoryStore
 from payonce.store.redis import SCHEMES as REDIS_SCHEMES
-from payonce.store.redis import parse_redis_url
+from payonce.store.redis import parse_redis_url, redacted
 from payonce.store.sealing import PLAIN, Codec, Sealing
 from payonce.store.sqlite import SQLiteStore
 
@@ -39,7 +39,7 @@ def validate_store_url(url: str) -> str:
         parse_redis_url(url)
         return url
     raise ConfigError(
-        f"--store: unsupported store URL {url!r}; use memory://, sqlite:///path.db,"
+        f"--store: unsupported store URL {redacted(url)!r}; use memory://, sqlite:///path.db,"
         " redis://host:port/db or redis+cluster://host:port"
     )
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from payonce.store.redis.url import SCHEMES, RedisURL, parse_redis_url
+from payonce.store.redis.url import SCHEMES, RedisURL, parse_redis_url, redacted
 
 if TYPE_CHECKING:
     from payonce.store.redis.store import RedisStore
 
-__all__ = ["SCHEMES", "RedisStore", "RedisURL", "parse_redis_url"]
+__all__ = ["SCHEMES", "RedisStore", "RedisURL", "parse_redis_url", "redacted"]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from payonce.errors import ConfigError
 
-__all__ = ["RedisURL", "parse_redis_url"]
+__all__ = ["RedisURL", "parse_redis_url", "redacted"]
 
 SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 _TLS_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
@@ -36,9 +36,21 @@ class RedisURL:
     prefix: str = "payonce"
 
 
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***``: what logs and error messages show."""
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}:***@{host}{rest[end:]}"
+
+
 def parse_redis_url(url: str) -> RedisURL:
     """Check a Redis store URL and split off payonce's options; :class:`ConfigError` if bad."""
     parts = urlsplit(url)
+    url = redacted(url)  # from here on only for messages
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"--store: {url!r} is not a Redis URL ({', '.join(SCHEMES)})")
     cluster = parts.scheme.endswith("+cluster")
