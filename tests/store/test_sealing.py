@@ -130,6 +130,8 @@ def test_a_new_derived_key_after_its_quota_and_the_old_values_still_open(
         (f"{base64.urlsafe_b64encode(KEY_A).decode()}\n{new_key()}\n"
          f"{base64.urlsafe_b64encode(KEY_A).decode().rstrip('=')}", "key 3 repeats"),
     ],
+    # Fixed ids: the keys are random, and pytest-xdist workers must collect the same names.
+    ids=["empty", "short", "not-base64", "repeated"],
 )  # fmt: skip
 def test_bad_keys_fail_at_start_up_without_repeating_them(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:
