@@ -135,11 +135,6 @@ def test_redis_with_two_workers_holds_only_ciphertext(fresh_sim: Sim, tmp_path: 
             "2",
             "--encryption-key-file",
             str(keys),
-            # Without metrics: a worker starting while another creates its metrics
-            # file can die reading it half-made (observe/metrics.py registers its
-            # MultiProcessCollector with auto_describe, which reads every file; the
-            # supervisor restarts it, but the log has a traceback). Not this test's.
-            "--no-metrics",
         )
         try:
             first = _id(chat(gateway.url, "whole"))

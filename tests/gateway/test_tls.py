@@ -108,7 +108,6 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(
 def test_https_with_two_workers(fresh_sim: Sim, certs: Certificates, tmp_path: Path) -> None:
     args = ["serve", "--upstream", fresh_sim.url, "--store", f"sqlite:///{tmp_path}/p.db"]
     args += ["--workers", "2", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
-    args += ["--no-metrics"]  # the start-up race in test_encryption.py's workers test
     gateway = start_payonce(
         args, log_dir=tmp_path, ready_path="/_payonce/health", tls=certs.client_context()
     )

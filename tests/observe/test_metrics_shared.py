@@ -129,3 +129,15 @@ def test_a_single_process_keeps_its_metrics_in_memory(shared: Path) -> None:
     text = metrics.render().decode()
     assert metric(text, "payonce_requests_total", outcome="forwarded", status_class="2xx") == 1
     assert "payonce_requests_created" in text
+
+
+def test_a_worker_starting_beside_a_half_made_file_of_another_starts(shared: Path) -> None:
+    # Another worker has created its file but not yet written its header: reading the
+    # directory then fails (struct.error). Starting must not read it; a scrape may.
+    (shared / "counter_4242.db").write_bytes(b"")
+    metrics = Metrics(str(shared))
+    observer = Observer(metrics, None, ManualClock())
+    forwarded(observer)
+    (shared / "counter_4242.db").unlink()
+    text = metrics.render().decode()
+    assert metric(text, "payonce_requests_total", outcome="forwarded", status_class="2xx") == 1

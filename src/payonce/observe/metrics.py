@@ -353,7 +353,9 @@ class Metrics:
             self._spent_output_slot = self._slot_of(self.spent_output)
             for buckets in self.deferred.histograms:
                 buckets.share(places)
-            self._scraped = CollectorRegistry(auto_describe=True)
+            # No auto_describe: it would read every worker's file now, and one still
+            # being created by a starting worker cannot be read yet (struct.error).
+            self._scraped = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
 
     def count_runs(self, runs: Sized) -> None:
