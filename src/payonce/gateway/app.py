@@ -4,12 +4,14 @@ Keyed request, in order (DESIGN.md, Outcomes)::
 
     parse key ─ bad ──────────────────────────────────────────► 400
     no credential and --require-credential ───────────────────► 401
+    tenant past --max-inflight-per-tenant ────────────────────► 429
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
     same key running here? ─ same fingerprint ─► join ────────► its result, or follow its stream
     store.claim ─ MISMATCH ───────────────────────────────────► 422
                 ─ COMPLETED ──────────────────────────────────► replay (a stream: its events)
+                ─ (before it: a new key past --max-new-keys-per-tenant ► 429)
                 ─ IN_PROGRESS in another process ─ a stream ─► follow its recorded events
                                                  ─ otherwise ► store.wait, claim again; past
                                                    --wait-timeout ──► 409 + Retry-After
@@ -36,6 +38,7 @@ from payonce.errors import (
     ProblemError,
     RequestInProgress,
     StoreUnavailable,
+    TenantLimited,
 )
 from payonce.gateway import admin
 from payonce.gateway.asgi import (
@@ -58,6 +61,7 @@ from payonce.gateway.keys import (
     fingerprint,
     read_key,
 )
+from payonce.gateway.limits import limits_of
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -172,6 +176,8 @@ class Gateway:
         )
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
+        # Per-tenant limits (gateway/limits.py), None when not configured.
+        self.in_flight, self.new_keys = limits_of(settings)
         if self.metrics is not None:
             self.metrics.count_runs(self.running)
         self.replays = ReplayCache(self.clock, settings.replay_cache)
@@ -207,6 +213,8 @@ class Gateway:
             record.client_disconnected = True
         except ProblemError as exc:
             record.outcome = outcome_of(exc)
+            if isinstance(exc, TenantLimited):
+                observer.limited(exc)
             if record.response_started:
                 # An unkeyed stream whose upstream died: its head is gone, so
                 # the client can only be shown a broken body.
@@ -291,6 +299,29 @@ class Gateway:
                     " x-goog-api-key or a --credential-header) on requests with an"
                     " Idempotency-Key"
                 )
+        if key is not None and self.in_flight is not None:
+            return await self._in_flight(key, scope, receive, send, record)
+        return await self._request(key, scope, receive, send, record)
+
+    async def _in_flight(
+        self, key: str, scope: Scope, receive: Receive, send: Send, record: CallRecord
+    ) -> Execution | None:
+        """:meth:`_request` within a slot of its tenant's --max-inflight-per-tenant."""
+        assert self.in_flight is not None
+        record.tenant = record.tenant or self.tenant(scope["headers"])
+        slot = self.in_flight.enter(record.tenant)  # before the body is read
+        try:
+            run = await self._request(key, scope, receive, send, record)
+            if run is not None and run.task is not None and not run.task.done():
+                slot.hand_over(run.task)  # the run outlives its client: it keeps the slot
+            return run
+        finally:
+            slot.release()
+
+    async def _request(
+        self, key: str | None, scope: Scope, receive: Receive, send: Send, record: CallRecord
+    ) -> Execution | None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
         body = await read_body(receive, headers, self.settings.max_body)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         request = ProxiedRequest(
@@ -345,6 +376,8 @@ class Gateway:
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return None
+            if self.new_keys is not None:
+                await self._admit_new_key(tenant, key)
             try:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
@@ -353,6 +386,8 @@ class Gateway:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             if claim.status is ClaimStatus.ACQUIRED:
+                if self.new_keys is not None:
+                    self.new_keys.spend(tenant)
                 record.outcome = "forwarded"
                 execution = self._execute(claim.record, request)
                 if self.observer.tracing is not None:
@@ -423,6 +458,22 @@ class Gateway:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 
+    async def _admit_new_key(self, tenant: str, key: str) -> None:
+        """Refuse a key that would start a run once ``tenant`` spent its new keys (429).
+
+        Only then is the store asked whether the key has a record: a replay or a
+        duplicate of a run in progress creates nothing, and goes on to the claim.
+        """
+        assert self.new_keys is not None
+        refusal = self.new_keys.check(tenant)
+        if refusal is not None:
+            try:
+                existing = await self.store.get(tenant, key)
+            except StoreUnavailable:
+                return  # the claim meets the outage too, and answers it as configured
+            if existing is None:
+                raise refusal
+
     async def _answer(
         self,
         send: Send,
@@ -486,6 +537,7 @@ class Gateway:
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
             pending=self.pending,
+            max_stored_body=self.settings.max_stored_body,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:
