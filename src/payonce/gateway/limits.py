@@ -106,7 +106,7 @@ class InFlight:
 class NewKeys:
     """A token bucket of new keys per tenant (``count`` per ``period`` seconds)."""
 
-    __slots__ = ("_buckets", "_now", "capacity", "rate")
+    __slots__ = ("_buckets", "_now", "capacity", "rate", "share")
 
     def __init__(
         self,
@@ -117,6 +117,8 @@ class NewKeys:
     ) -> None:
         self.capacity = float(math.ceil(count / workers))
         self.rate = count / workers / period  # tokens a second
+        share = f"{count / workers:g} (this worker's share) " if workers > 1 else f"{count} "
+        self.share = f"{share}per {period:g}s"
         self._now = now
         # tenant -> (tokens, when); least recently spent first. A bucket that has
         # refilled is the same as none, so only recently active tenants are kept.
@@ -138,9 +140,8 @@ class NewKeys:
         if tokens >= 1.0:
             return None
         return TooManyNewKeys(
-            "this credential started its share of new Idempotency-Keys"
-            f" ({self.capacity:g}, refilled at {self.rate:g}/s: --max-new-keys-per-tenant);"
-            " retry later with the same key",
+            f"this credential started the new Idempotency-Keys it may ({self.share}:"
+            " --max-new-keys-per-tenant); retry later with the same key",
             retry_after=(1.0 - tokens) / self.rate,
         )
 
