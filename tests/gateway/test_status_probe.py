@@ -13,6 +13,7 @@ a noisy machine.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -37,9 +38,12 @@ def gateway(
     request: pytest.FixtureRequest, sim: Sim, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Process]:
     directory = tmp_path_factory.mktemp(f"probe-{request.param}")
-    with running_redis(tmp_path_factory.mktemp("redis")) if request.param == "redis" else (
-        _no_redis()
-    ) as redis:
+    redis_server = (
+        running_redis(tmp_path_factory.mktemp("redis"))
+        if request.param == "redis"
+        else contextlib.nullcontext(None)
+    )
+    with redis_server as redis:
         store = redis.url if redis is not None else f"sqlite:///{directory}/payonce.db"
         process = start_payonce(
             ["serve", "--upstream", sim.url, "--store", store],
@@ -51,14 +55,6 @@ def gateway(
             yield process
         finally:
             process.stop()
-
-
-class _no_redis:  # noqa: N801 - a context manager standing in for running_redis
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def _connection(gateway: Process) -> http.client.HTTPConnection:
