@@ -271,6 +271,33 @@ def test_a_run_whose_client_left_keeps_its_slot(sqlite_gateway: Limited) -> None
     assert post(url, tenant, "left-2")[0] == 200
 
 
+def test_with_workers_each_worker_admits_its_share(
+    sim: Sim, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    directory = tmp_path_factory.mktemp("limits-workers")
+    flags = ["--store", f"sqlite:///{directory}/payonce.db", "--workers", "2"]
+    process = start_payonce(
+        ["serve", "--upstream", sim.url, *flags, "--max-inflight-per-tenant", "2"],
+        log_dir=directory,
+        ready_path="/_payonce/health",
+    )
+    try:
+        # Four calls at once, each on its own connection: whichever worker takes
+        # each, a worker admits one (2 / 2), so the host admits one or two.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(
+                pool.map(lambda i: post(process.url, "workers-a", f"w-{i}", None, SLOW), range(4))
+            )
+    finally:
+        process.stop()
+    admitted = [answer for answer in answers if answer[0] == 200]
+    refused = [answer for answer in answers if answer[0] != 200]
+    assert 1 <= len(admitted) <= 2
+    for answer in refused:
+        problem = assert_limited(answer, "too-many-in-flight")
+        assert "this worker's share of 2" in problem["detail"]
+
+
 # -- --max-new-keys-per-tenant ----------------------------------------------------------------
 
 
