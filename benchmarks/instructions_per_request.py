@@ -19,6 +19,12 @@ and counts every process (supervisor and workers; callgrind follows the forks,
 one output file each); the one connection is served by one worker, the others
 idle. ``--call-log`` writes the call log to a file in the run's directory.
 ``--rounds R`` measures base and new R times, alternating, and reports each.
+``--base-flags`` and ``--new-flags`` add ``serve`` flags to one side, so one
+checkout can be compared with itself, with and without a feature::
+
+    python benchmarks/instructions_per_request.py --base . --new-flags \
+        "--max-inflight-per-tenant 64 --max-new-keys-per-tenant 1000000/s"
+
 Needs valgrind. About a minute per checkout and round (two with ``--workers``).
 """
 
@@ -63,7 +69,12 @@ def _wait_ready(port: int, timeout: float = 300) -> None:
 
 
 def total_instructions(
-    checkout: Path, kind: str, requests: int, workers: int = 1, call_log: bool = False
+    checkout: Path,
+    kind: str,
+    requests: int,
+    workers: int = 1,
+    call_log: bool = False,
+    flags: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Instructions the gateway of ``checkout`` ran, from start to stop, for ``requests``.
 
@@ -86,6 +97,7 @@ def total_instructions(
         serve += ["--workers", str(workers)]
     if call_log:
         serve += ["--call-log", str(work / "calls.jsonl")]
+    serve += flags
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/callgrind.%p", *serve],
         stdout=subprocess.DEVNULL,
@@ -129,11 +141,17 @@ def total_instructions(
 
 
 def per_request(
-    checkout: Path, kind: str, small: int, large: int, workers: int = 1, call_log: bool = False
+    checkout: Path,
+    kind: str,
+    small: int,
+    large: int,
+    workers: int = 1,
+    call_log: bool = False,
+    flags: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """Instructions per request, from the difference of a small and a large run."""
-    low = total_instructions(checkout, kind, small, workers, call_log)
-    high = total_instructions(checkout, kind, large, workers, call_log)
+    low = total_instructions(checkout, kind, small, workers, call_log, flags)
+    high = total_instructions(checkout, kind, large, workers, call_log, flags)
     return {part: (high[part] - low[part]) / (large - small) for part in high}
 
 
@@ -147,12 +165,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
     parser.add_argument("--call-log", action="store_true", help="with a call log file")
     parser.add_argument("--rounds", type=int, default=1, help="base and new, alternating")
+    parser.add_argument("--base-flags", default="", help="more serve flags for the base")
+    parser.add_argument("--new-flags", default="", help="more serve flags for the new one")
     args = parser.parse_args()
     options = (args.kind, args.small, args.large, args.workers, args.call_log)
     what = f"{args.kind}, --workers {args.workers}" + (", --call-log" if args.call_log else "")
+    what += f", base flags {args.base_flags!r}" if args.base_flags else ""
+    what += f", new flags {args.new_flags!r}" if args.new_flags else ""
     for round_ in range(1, args.rounds + 1):
-        base = per_request(args.base.resolve(), *options)
-        new = per_request(args.new, *options)
+        base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
+        new = per_request(args.new, *options, tuple(args.new_flags.split()))
         print(
             f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
             f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",
