@@ -14,13 +14,14 @@ tenant of its own (its own credential), so the tests do not share a budget:
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ import pytest
 
 from payonce.config import GatewaySettings
 from payonce.gateway.limits import NewKeys, limits_of
+from payonce.gateway.live import LiveStream
+from payonce.gateway.recording import record_stream
+from payonce.observe.facts import UpstreamFacts
+from payonce.store import MemoryStore
 from tests.support.exposition import metric
 from tests.support.processes import Process, start_payonce
 from tests.support.redis import running_redis
@@ -416,3 +421,49 @@ def test_the_new_key_bucket_refills_at_its_rate() -> None:
     now[0] = 60.0
     assert bucket.check("t") is None
     assert bucket.check("other") is None
+
+
+class _Upstream:
+    """What record_stream reads of an upstream stream: status, headers, body chunks."""
+
+    status = 200
+    headers = (("content-type", "text/event-stream"),)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+
+class _SlowToBegin(MemoryStore):
+    """A store whose begin_stream answers late, as Redis on a loaded machine may."""
+
+    async def begin_stream(self, *args: Any) -> bool:
+        await asyncio.sleep(0.05)
+        return await super().begin_stream(*args)
+
+
+async def test_the_bound_holds_however_late_recording_begins() -> None:
+    # Found by the Redis run of the stream test: recording begins in the
+    # background, and its success used to undo the stop at the bound.
+    store = _SlowToBegin()
+    claim = await store.claim("tenant", "key", "print", lease=30, ttl=60)
+    events = b"".join(b'data: {"n": %d, "pad": "%s"}\n\n' % (n, b"x" * 100) for n in range(40))
+    live, facts = LiveStream(200, ()), UpstreamFacts()
+    stored = await record_stream(
+        store,
+        "tenant",
+        "key",
+        claim.record.token,
+        _Upstream(events),  # type: ignore[arg-type]
+        live,
+        strip_usage=False,
+        on_last_event=lambda: None,
+        joined=lambda: 0,
+        facts=facts,
+        max_stored=BOUND,
+    )
+    assert (stored, facts.not_stored) == (None, "too_large")
+    assert await store.get("tenant", "key") is None  # released, not completed
+    assert live.total == 40  # every event was relayed

@@ -83,24 +83,27 @@ class _Recorder:
 
     async def _begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         try:
-            self.ok = await self.store.begin_stream(
-                self.tenant, self.key, self.token, status, headers
-            )
+            held = await self.store.begin_stream(self.tenant, self.key, self.token, status, headers)
         except StoreUnavailable as exc:
             log.error("cannot record the stream of key %r: %s", self.key, exc)
-            self.ok = False
+            held = False
+        # Events may have passed --max-stored-body meanwhile: that stop stands.
+        self.ok = self.ok and held
 
     async def add(self, events: list[bytes]) -> None:
         if self.room is not None:
             self.room -= sum(map(len, events))
-            if self.room < 0 and not self.too_large:
+            if self.room < 0:
                 # Recording stops; what is recorded stays (slow followers here may
                 # still read it back) until the key is released at the stream's end.
+                if not self.too_large:
+                    log.info(
+                        "the stream of key %r passed --max-stored-body: relayed, not stored",
+                        self.key,
+                    )
                 self.too_large, self.ok = True, False
-                log.info(
-                    "the stream of key %r passed --max-stored-body: relayed, not stored",
-                    self.key,
-                )
+                self.pending.clear()
+                return
         self.pending.extend(events)
         now = asyncio.get_running_loop().time()
         if len(self.pending) >= FLUSH_EVENTS or now - self._last_flush >= FLUSH_SECONDS:
