@@ -376,8 +376,8 @@ class Gateway:
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return None
-            if self.new_keys is not None:
-                await self._admit_new_key(tenant, key)
+            if self.new_keys is not None and not self.new_keys.allows(tenant):
+                await self._refuse_new_key(tenant, key)
             try:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
@@ -458,21 +458,22 @@ class Gateway:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 
-    async def _admit_new_key(self, tenant: str, key: str) -> None:
-        """Refuse a key that would start a run once ``tenant`` spent its new keys (429).
+    async def _refuse_new_key(self, tenant: str, key: str) -> None:
+        """``tenant`` spent its new keys: 429, unless ``key`` has a record already.
 
-        Only then is the store asked whether the key has a record: a replay or a
-        duplicate of a run in progress creates nothing, and goes on to the claim.
+        Only then is the store asked: a replay or a duplicate of a run in progress
+        creates nothing, and goes on to the claim.
         """
         assert self.new_keys is not None
         refusal = self.new_keys.check(tenant)
-        if refusal is not None:
-            try:
-                existing = await self.store.get(tenant, key)
-            except StoreUnavailable:
-                return  # the claim meets the outage too, and answers it as configured
-            if existing is None:
-                raise refusal
+        if refusal is None:
+            return
+        try:
+            existing = await self.store.get(tenant, key)
+        except StoreUnavailable:
+            return  # the claim meets the outage too, and answers it as configured
+        if existing is None:
+            raise refusal
 
     async def _answer(
         self,

@@ -131,14 +131,19 @@ class NewKeys:
         tokens, at = entry
         return min(self.capacity, tokens + (now - at) * self.rate)
 
+    def allows(self, tenant: str) -> bool:
+        """Whether ``tenant`` may start a new key now (the fast path: no clock read)."""
+        entry = self._buckets.get(tenant)
+        if entry is None or entry[0] >= 1.0:
+            return True
+        tokens, at = entry
+        return tokens + (self._now() - at) * self.rate >= 1.0
+
     def check(self, tenant: str) -> TooManyNewKeys | None:
         """None when ``tenant`` may start a new key now, else the refusal to raise."""
-        if tenant not in self._buckets:
+        if self.allows(tenant):
             return None
-        now = self._now()
-        tokens = self._tokens(tenant, now)
-        if tokens >= 1.0:
-            return None
+        tokens = self._tokens(tenant, self._now())
         return TooManyNewKeys(
             f"this credential started the new Idempotency-Keys it may ({self.share}:"
             " --max-new-keys-per-tenant); retry later with the same key",
