@@ -467,3 +467,15 @@ async def test_the_bound_holds_however_late_recording_begins() -> None:
     assert (stored, facts.not_stored) == (None, "too_large")
     assert await store.get("tenant", "key") is None  # released, not completed
     assert live.total == 40  # every event was relayed
+
+
+def test_the_buckets_of_many_tenants_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("payonce.gateway.limits.MAX_BUCKETS", 100)
+    now = [0.0]
+    bucket = NewKeys(1, 3600.0, now=lambda: now[0])
+    for number in range(1000):  # a caller minting credentials: a tenant each
+        bucket.spend(f"tenant-{number}")
+        assert len(bucket._buckets) <= 100
+    # The most recent ones are remembered (and refused); the forgotten start full.
+    assert bucket.check("tenant-999") is not None
+    assert bucket.check("tenant-0") is None
