@@ -54,9 +54,13 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_ready(port: int, timeout: float = 300) -> None:
+def _wait_ready(
+    port: int, gateway: subprocess.Popen[bytes], log: Path, timeout: float = 300
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
+        if gateway.poll() is not None:
+            raise RuntimeError(f"the gateway exited with {gateway.returncode}: {log.read_text()}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             connection.request("GET", "/_payonce/health")
@@ -101,11 +105,11 @@ def total_instructions(
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/callgrind.%p", *serve],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(work / "gateway.log").open("wb"),
         cwd=work,
     )
     try:
-        _wait_ready(gateway_port)
+        _wait_ready(gateway_port, gateway, work / "gateway.log")
         connection = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=60)
         for _ in range(requests):
             headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
