@@ -178,7 +178,7 @@ def main() -> None:
     what += f", new flags {args.new_flags!r}" if args.new_flags else ""
     for round_ in range(1, args.rounds + 1):
         base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
-        new = per_request(args.new, *options, tuple(args.new_flags.split()))
+        new = per_request(args.new.resolve(), *options, tuple(args.new_flags.split()))
         print(
             f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
             f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",
