@@ -22,6 +22,7 @@ Keyed request, in order (DESIGN.md, Outcomes)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -61,7 +62,7 @@ from payonce.gateway.keys import (
     fingerprint,
     read_key,
 )
-from payonce.gateway.limits import limits_of
+from payonce.gateway.limits import in_a_slot, limits_of, refuse_new_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -300,23 +301,11 @@ class Gateway:
                     " Idempotency-Key"
                 )
         if key is not None and self.in_flight is not None:
-            return await self._in_flight(key, scope, receive, send, record)
+            # A slot of --max-inflight-per-tenant, taken before the body is read.
+            record.tenant = record.tenant or self.tenant(headers)
+            answer = functools.partial(self._request, key, scope, receive, send, record)
+            return await in_a_slot(self.in_flight, record.tenant, answer)
         return await self._request(key, scope, receive, send, record)
-
-    async def _in_flight(
-        self, key: str, scope: Scope, receive: Receive, send: Send, record: CallRecord
-    ) -> Execution | None:
-        """:meth:`_request` within a slot of its tenant's --max-inflight-per-tenant."""
-        assert self.in_flight is not None
-        record.tenant = record.tenant or self.tenant(scope["headers"])
-        slot = self.in_flight.enter(record.tenant)  # before the body is read
-        try:
-            run = await self._request(key, scope, receive, send, record)
-            if run is not None and run.task is not None and not run.task.done():
-                slot.hand_over(run.task)  # the run outlives its client: it keeps the slot
-            return run
-        finally:
-            slot.release()
 
     async def _request(
         self, key: str | None, scope: Scope, receive: Receive, send: Send, record: CallRecord
@@ -377,7 +366,7 @@ class Gateway:
                     self.observer.apply(record, local.facts, saved=True)
                 return None
             if self.new_keys is not None and not self.new_keys.allows(tenant):
-                await self._refuse_new_key(tenant, key)
+                await refuse_new_key(self.new_keys, self.store, tenant, key)
             try:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
@@ -457,23 +446,6 @@ class Gateway:
             except StoreUnavailable as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
-
-    async def _refuse_new_key(self, tenant: str, key: str) -> None:
-        """``tenant`` spent its new keys: 429, unless ``key`` has a record already.
-
-        Only then is the store asked: a replay or a duplicate of a run in progress
-        creates nothing, and goes on to the claim.
-        """
-        assert self.new_keys is not None
-        refusal = self.new_keys.check(tenant)
-        if refusal is None:
-            return
-        try:
-            existing = await self.store.get(tenant, key)
-        except StoreUnavailable:
-            return  # the claim meets the outage too, and answers it as configured
-        if existing is None:
-            raise refusal
 
     async def _answer(
         self,

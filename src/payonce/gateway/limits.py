@@ -34,12 +34,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from payonce.config import GatewaySettings, parse_rate
-from payonce.errors import TooManyInFlight, TooManyNewKeys
+from payonce.errors import StoreUnavailable, TooManyInFlight, TooManyNewKeys
+from payonce.gateway.execution import Execution
+from payonce.store import Store
 
-__all__ = ["InFlight", "NewKeys", "Slot", "limits_of"]
+__all__ = ["InFlight", "NewKeys", "Slot", "in_a_slot", "limits_of", "refuse_new_key"]
 
 # Buckets remembered at most; past it the idlest are forgotten (and start full
 # again): tenants are as many as the credentials callers send, valid or not.
@@ -186,3 +188,37 @@ def limits_of(settings: GatewaySettings) -> tuple[InFlight | None, NewKeys | Non
         count, period = parse_rate(settings.max_new_keys_per_tenant, "--max-new-keys-per-tenant")
         new_keys = NewKeys(count, period, workers)
     return in_flight, new_keys
+
+
+async def in_a_slot(
+    in_flight: InFlight, tenant: str, answer: Callable[[], Awaitable[Execution | None]]
+) -> Execution | None:
+    """``answer()`` the request in a slot of ``tenant``, or :class:`TooManyInFlight`.
+
+    The run the request started, if it outlives the request, keeps the slot.
+    """
+    slot = in_flight.enter(tenant)
+    try:
+        run = await answer()
+        if run is not None and run.task is not None and not run.task.done():
+            slot.hand_over(run.task)
+        return run
+    finally:
+        slot.release()
+
+
+async def refuse_new_key(new_keys: NewKeys, store: Store, tenant: str, key: str) -> None:
+    """``tenant`` spent its new keys: 429, unless ``key`` has a record already.
+
+    Only then is the store asked: a replay or a duplicate of a run in progress
+    creates nothing, and goes on to the claim.
+    """
+    refusal = new_keys.check(tenant)
+    if refusal is None:
+        return
+    try:
+        existing = await store.get(tenant, key)
+    except StoreUnavailable:
+        return  # the claim meets the outage too, and answers it as configured
+    if existing is None:
+        raise refusal

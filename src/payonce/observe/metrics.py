@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from payonce.observe.limit_metrics import limit_counters
 from payonce.observe.pricing import PRICES, priced_name
 
 if TYPE_CHECKING:
@@ -310,20 +311,7 @@ class Metrics:
             " the store could not answer (--on-store-failure open).",
             registry=registry,
         )
-        self.tenant_limit_rejections = Counter(
-            "payonce_tenant_limit_rejections",
-            "Keyed requests refused with 429 by a per-tenant limit: in_flight"
-            " (--max-inflight-per-tenant) or new_keys (--max-new-keys-per-tenant).",
-            ["limit"],
-            registry=registry,
-        )
-        self.unstored_responses = Counter(
-            "payonce_unstored_responses",
-            "Upstream answers relayed to their client but not stored, their key released so"
-            " that a retry runs again (too_large: over --max-stored-body).",
-            ["reason"],
-            registry=registry,
-        )
+        self.limited, self.unstored = limit_counters(registry)  # children by label
 
         # Children bound once: .labels() is a lock and a dict lookup per call.
         self.spent_input = self.tokens.labels("spent", "input")
@@ -334,10 +322,6 @@ class Metrics:
             kind: self.duplicates_prevented.labels(kind) for kind in ("replayed", "joined")
         }
         self._saved_costs: dict[str | None, Any] = {}
-        self.limited = {
-            limit: self.tenant_limit_rejections.labels(limit) for limit in ("in_flight", "new_keys")
-        }
-        self.unstored = {"too_large": self.unstored_responses.labels("too_large")}
         self.upstream_latency_buckets = _Buckets(self.upstream_latency, _LATENCY_BUCKETS)
         self.overhead_buckets = _Buckets(self.overhead, _OVERHEAD_BUCKETS)
         self.deferred.histograms += [self.upstream_latency_buckets, self.overhead_buckets]
