@@ -21,6 +21,12 @@ callgrind follows the forks, one output file each); the one connection is
 served by one worker, the others idle. ``--call-log`` writes the call log to a
 file in the run's directory. ``--rounds R`` measures base and new R times,
 alternating, and reports each.
+``--base-flags`` and ``--new-flags`` add ``serve`` flags to one side, so one
+checkout can be compared with itself, with and without a feature::
+
+    python benchmarks/instructions_per_request.py --base . --new-flags \
+        "--max-inflight-per-tenant 64 --max-new-keys-per-tenant 1000000/s"
+
 Needs valgrind. About a minute per checkout and round (two with ``--workers``).
 """
 
@@ -53,9 +59,13 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_ready(port: int, timeout: float = 300) -> None:
+def _wait_ready(
+    port: int, gateway: subprocess.Popen[bytes], log: Path, timeout: float = 300
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
+        if gateway.poll() is not None:
+            raise RuntimeError(f"the gateway exited with {gateway.returncode}: {log.read_text()}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             connection.request("GET", "/_payonce/health")
@@ -110,12 +120,12 @@ def total_instructions(
     gateway = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/callgrind.%p", *serve],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(work / "gateway.log").open("wb"),
         cwd=work,
         env=environment,
     )
     try:
-        _wait_ready(gateway_port)
+        _wait_ready(gateway_port, gateway, work / "gateway.log")
         connection = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=60)
         body = STREAM_BODY if kind == "stream" else BODY
         for _ in range(requests):
@@ -179,12 +189,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
     parser.add_argument("--call-log", action="store_true", help="with a call log file")
     parser.add_argument("--rounds", type=int, default=1, help="base and new, alternating")
+    parser.add_argument("--base-flags", default="", help="more serve flags for the base")
+    parser.add_argument("--new-flags", default="", help="more serve flags for the new one")
     args = parser.parse_args()
     options = (args.kind, args.small, args.large, args.workers, args.call_log)
     what = f"{args.kind}, --workers {args.workers}" + (", --call-log" if args.call_log else "")
+    what += f", base flags {args.base_flags!r}" if args.base_flags else ""
+    what += f", new flags {args.new_flags!r}" if args.new_flags else ""
     for round_ in range(1, args.rounds + 1):
-        base = per_request(args.base.resolve(), *options)
-        new = per_request(args.new, *options)
+        base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
+        new = per_request(args.new.resolve(), *options, tuple(args.new_flags.split()))
         print(
             f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
             f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",

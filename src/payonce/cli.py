@@ -265,6 +265,30 @@ def cli() -> None:
     help="Memory for completed responses answered without a store read (0: off).",
 )
 @click.option(
+    "--max-inflight-per-tenant",
+    envvar=_env("max_inflight_per_tenant"),
+    type=int,
+    default=None,
+    help="Keyed requests and runs one credential may have in flight (429 beyond; with"
+    " --workers N, each worker admits its share, N rounded up).",
+)
+@click.option(
+    "--max-new-keys-per-tenant",
+    envvar=_env("max_new_keys_per_tenant"),
+    default=None,
+    metavar="RATE",
+    help="New idempotency keys one credential may start, e.g. 600/m (429 beyond; a"
+    " tenant then holds at most RATE x --ttl records).",
+)
+@click.option(
+    "--max-stored-body",
+    envvar=_env("max_stored_body"),
+    type=Size(),
+    default=None,
+    help="Largest response (or stream's events) stored; a larger one is relayed but not"
+    " stored, and its key released: a retry runs again.",
+)
+@click.option(
     "--on-disconnect",
     envvar=_env("on_disconnect"),
     type=click.Choice(["cancel", "continue"]),

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from payonce.errors import ConfigError
 
-__all__ = ["GatewaySettings", "load_toml", "parse_duration", "parse_size"]
+__all__ = ["GatewaySettings", "load_toml", "parse_duration", "parse_rate", "parse_size"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -40,6 +40,22 @@ def parse_duration(value: str | float, name: str) -> float:
     if seconds < 0:
         raise ConfigError(f"{name}: must not be negative")
     return seconds
+
+
+def parse_rate(value: str, name: str) -> tuple[int, float]:
+    """``"600/m"``, ``"10/s"``, ``"1000/1h"``: a count per period, as (count, seconds)."""
+    count, slash, period = str(value).partition("/")
+    try:
+        number = int(count.strip())
+    except ValueError:
+        number = -1
+    if not slash or number < 1:
+        raise ConfigError(f"{name}: {value!r} is not a rate (e.g. 600/m, 10/s, 1000/1h)")
+    unit = period.strip()
+    seconds = parse_duration("1" + unit if unit in _DURATION_UNITS else unit, name)
+    if seconds <= 0:
+        raise ConfigError(f"{name}: the period of {value!r} must be positive")
+    return number, seconds
 
 
 def parse_size(value: str | int, name: str, *, allow_zero: bool = False) -> int:
@@ -85,6 +101,10 @@ class GatewaySettings:
     body_timeout: float = 30.0
     keep_alive_timeout: float = 5.0
     replay_cache: int = 64 * 1024 * 1024
+    # Per-tenant limits (docs/gateway.md, "Limits per tenant"); None: no limit.
+    max_inflight_per_tenant: int | None = None
+    max_new_keys_per_tenant: str | None = None  # a rate, "600/m" (parse_rate)
+    max_stored_body: int | None = None  # larger responses are relayed, not stored
     on_disconnect: str = "cancel"
     # A keyed stream every client left: read it to the end for the retry, or stop paying.
     on_stream_disconnect: str = "finish"
@@ -184,6 +204,12 @@ class GatewaySettings:
                 "--workers: memory:// lives in one process's memory, so workers could not"
                 " see each other's keys; use sqlite:///path.db or redis://host:port/db"
             )
+        if self.max_inflight_per_tenant is not None and self.max_inflight_per_tenant < 1:
+            raise ConfigError("--max-inflight-per-tenant: must be at least 1")
+        if self.max_new_keys_per_tenant is not None:
+            parse_rate(self.max_new_keys_per_tenant, "--max-new-keys-per-tenant")
+        if self.max_stored_body is not None and self.max_stored_body < 1:
+            raise ConfigError("--max-stored-body: must be positive")
         if self.on_store_failure not in ("closed", "open"):
             raise ConfigError(
                 f"--on-store-failure: {self.on_store_failure!r} is not closed or open"

@@ -19,6 +19,9 @@
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
     │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
+    │   ├── TenantLimited                       429 + Retry-After: a per-tenant limit
+    │   │   ├── TooManyInFlight                 --max-inflight-per-tenant
+    │   │   └── TooManyNewKeys                  --max-new-keys-per-tenant
     │   ├── FingerprintMismatch (ValueError)    422, never retry
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
     │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
@@ -57,6 +60,9 @@ __all__ = [
     "ShuttingDown",
     "StoreTimeout",
     "StoreUnavailable",
+    "TenantLimited",
+    "TooManyInFlight",
+    "TooManyNewKeys",
     "Unauthorized",
     "UpstreamTimeout",
     "UpstreamUnavailable",
@@ -185,6 +191,23 @@ class RequestInProgress(ProblemError):
     # IETF draft-ietf-httpapi-idempotency-key-header section 2.7: 409 while the
     # original request is still being processed. Retrying later is correct.
     status, slug, title, should_retry = 409, "in-progress", "Request still in progress", True
+
+
+class TenantLimited(ProblemError):
+    # RFC 6585 section 4: 429 with Retry-After. Nothing ran and no key was
+    # claimed, so the retry (with the same key) is safe; the SDKs wait and retry.
+    status, slug, title, should_retry = 429, "tenant-limited", "Per-tenant limit reached", True
+    limit = "other"  # the metrics label of payonce_tenant_limited_total
+
+
+class TooManyInFlight(TenantLimited):
+    slug, title = "too-many-in-flight", "Too many requests in flight for this credential"
+    limit = "in_flight"
+
+
+class TooManyNewKeys(TenantLimited):
+    slug, title = "too-many-new-keys", "Too many new idempotency keys for this credential"
+    limit = "new_keys"
 
 
 class FingerprintMismatch(ProblemError, ValueError):

@@ -678,6 +678,9 @@ def expected_panels(
         (24, "B"): Expect(0.0),
         (25, "A"): Expect(today.store_errors / window),
         (25, "B"): Expect(today.unprotected_forwards / window),
+        # No per-tenant limit is set in the scenario: nothing refused, everything stored.
+        (26, "A"): Expect(by=("limit",), values={"in_flight": 0.0, "new_keys": 0.0}),
+        (26, "B"): Expect(0.0),
     }
 
 

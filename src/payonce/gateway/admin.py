@@ -119,6 +119,8 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
     # ``wait``: until the record changes (Store.wait: completed, released, new
     # events, taken over, or its lease lapsed) or ``wait`` seconds pass. A record
     # nobody runs (completed, abandoned) is answered at once: nothing will change it.
+    # Only ever the caller's own (tenant, key): another tenant's key and a key
+    # nobody used then take the same path and time (tests/gateway/test_status_probe.py).
     record = await gateway.store.get(tenant, key)
     if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
         local = gateway.running.get((tenant, key))

@@ -4,12 +4,14 @@ Keyed request, in order (DESIGN.md, Outcomes)::
 
     parse key ─ bad ──────────────────────────────────────────► 400
     no credential and --require-credential ───────────────────► 401
+    tenant past --max-inflight-per-tenant ────────────────────► 429
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
     same key running here? ─ same fingerprint ─► join ────────► its result, or follow its stream
     store.claim ─ MISMATCH ───────────────────────────────────► 422
                 ─ COMPLETED ──────────────────────────────────► replay (a stream: its events)
+                ─ (before it: a new key past --max-new-keys-per-tenant ► 429)
                 ─ IN_PROGRESS in another process ─ a stream ─► follow its recorded events
                                                  ─ otherwise ► store.wait, claim again; past
                                                    --wait-timeout ──► 409 + Retry-After
@@ -20,6 +22,7 @@ Keyed request, in order (DESIGN.md, Outcomes)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -37,6 +40,7 @@ from payonce.errors import (
     RequestInProgress,
     ShuttingDown,
     StoreUnavailable,
+    TenantLimited,
 )
 from payonce.gateway import admin
 from payonce.gateway.asgi import (
@@ -59,6 +63,7 @@ from payonce.gateway.keys import (
     fingerprint,
     read_key,
 )
+from payonce.gateway.limits import in_a_slot, limits_of, refuse_new_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
     Observer,
@@ -174,6 +179,8 @@ class Gateway:
         self.stopping = False  # set at SIGTERM (gateway/server.py)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
+        # Per-tenant limits (gateway/limits.py), None when not configured.
+        self.in_flight, self.new_keys = limits_of(settings)
         if self.metrics is not None:
             self.metrics.count_runs(self.running)
         self.replays = ReplayCache(self.clock, settings.replay_cache)
@@ -217,6 +224,8 @@ class Gateway:
             await self._cut_at_shutdown(record, send, scope["path"])
         except ProblemError as exc:
             record.outcome = outcome_of(exc)
+            if isinstance(exc, TenantLimited):
+                observer.limited(exc)
             if record.response_started:
                 # An unkeyed stream whose upstream died: its head is gone, so
                 # the client can only be shown a broken body.
@@ -321,6 +330,17 @@ class Gateway:
                     " x-goog-api-key or a --credential-header) on requests with an"
                     " Idempotency-Key"
                 )
+        if key is not None and self.in_flight is not None:
+            # A slot of --max-inflight-per-tenant, taken before the body is read.
+            record.tenant = record.tenant or self.tenant(headers)
+            answer = functools.partial(self._request, key, scope, receive, send, record)
+            return await in_a_slot(self.in_flight, record.tenant, answer)
+        return await self._request(key, scope, receive, send, record)
+
+    async def _request(
+        self, key: str | None, scope: Scope, receive: Receive, send: Send, record: CallRecord
+    ) -> Execution | None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
         body = await read_body(receive, headers, self.settings.max_body)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         request = ProxiedRequest(
@@ -375,6 +395,8 @@ class Gateway:
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return None
+            if self.new_keys is not None and not self.new_keys.allows(tenant):
+                await refuse_new_key(self.new_keys, self.store, tenant, key)
             try:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
@@ -383,6 +405,8 @@ class Gateway:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             if claim.status is ClaimStatus.ACQUIRED:
+                if self.new_keys is not None:
+                    self.new_keys.spend(tenant)
                 record.outcome = "forwarded"
                 execution = self._execute(claim.record, request)
                 if self.observer.tracing is not None:
@@ -516,6 +540,7 @@ class Gateway:
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
             pending=self.pending,
+            max_stored_body=self.settings.max_stored_body,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:

@@ -104,11 +104,14 @@ async def run_execution(
     running: dict[tuple[str, str], Execution],
     inject_stream_usage: bool = True,
     pending: PendingWrites | None = None,
+    max_stored_body: int | None = None,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
     Returns the stored response, or ``None`` when nothing was stored. A store
     write that fails is left to ``pending``, which retries it once the store is back.
+    An answer over ``max_stored_body`` bytes (a stream: its events) is relayed
+    whole but not stored, and the key released (``facts.not_stored``).
     """
     until = execution.expires_at
     name = (execution.tenant, execution.key)
@@ -151,6 +154,7 @@ async def run_execution(
                         facts=facts,
                         pending=pending,
                         until=until,
+                        max_stored=max_stored_body,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(
@@ -164,7 +168,7 @@ async def run_execution(
         facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        stored = await _settle(store, execution, outcome, pending)
+        stored = await _settle(store, execution, outcome, pending, max_stored_body)
         execution.head.set_result(outcome)
         return stored
     except asyncio.CancelledError:
@@ -195,7 +199,11 @@ def _abandon(execution: Execution, running: dict[tuple[str, str], Execution]) ->
 
 
 async def _settle(
-    store: Store, execution: Execution, outcome: Outcome, pending: PendingWrites | None
+    store: Store,
+    execution: Execution,
+    outcome: Outcome,
+    pending: PendingWrites | None,
+    max_stored_body: int | None,
 ) -> StoredResponse | None:
     tenant, key, token = execution.tenant, execution.key, execution.token
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
@@ -206,6 +214,16 @@ async def _settle(
     facts.model, facts.usage, body_id = model_usage_and_id(outcome.body, outcome.headers)
     facts.request_id = facts.request_id or body_id
     facts.cost_usd = cost_of(facts.model, facts.usage)
+    if max_stored_body is not None and len(outcome.body) > max_stored_body:
+        # Relayed to its clients, but the key is given up: a retry runs again.
+        facts.not_stored = "too_large"
+        log.info(
+            "the answer of key %r is %d bytes, over --max-stored-body: relayed, not stored",
+            key,
+            len(outcome.body),
+        )
+        await release_quietly(store, tenant, key, token, pending, execution.expires_at)
+        return None
     complete = functools.partial(
         store.complete,
         tenant,

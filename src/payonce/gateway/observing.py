@@ -23,6 +23,7 @@ from payonce.errors import (
     InvalidIdempotencyKey,
     ProblemError,
     RequestInProgress,
+    TenantLimited,
 )
 from payonce.gateway.asgi import Message, Send
 from payonce.gateway.sse import first_stream_id
@@ -169,6 +170,7 @@ class Observer:
         record.usage = dict(facts.usage) if facts.usage is not None else None
         record.usage_missing_reason = facts.usage_missing_reason()
         record.stream = facts.stream
+        record.not_stored = facts.not_stored
         if saved:
             record.saved_usd = facts.cost_usd
             record.cost_usd = 0.0
@@ -192,6 +194,13 @@ class Observer:
             self.tracing.upstream(facts, path)
         if self.metrics is not None:
             self.metrics.upstream_call(facts)
+            if facts.not_stored is not None:
+                self.metrics.deferred.add(self.metrics.unstored[facts.not_stored])
+
+    def limited(self, error: TenantLimited) -> None:
+        """Count a request refused by a per-tenant limit (its line says rejected, 429)."""
+        if self.metrics is not None:
+            self.metrics.deferred.add(self.metrics.limited[error.limit])
 
     def finish(self, record: CallRecord, finished: float | None = None) -> None:
         """Log and count a request; ``finished`` (``perf_counter()``) defaults to now."""

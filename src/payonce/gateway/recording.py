@@ -57,12 +57,23 @@ async def release_quietly(
 class _Recorder:
     """Batches events into :meth:`Store.append_events` calls; stops at the first failure."""
 
-    def __init__(self, store: Store, tenant: str, key: str, token: str, live: LiveStream) -> None:
+    def __init__(
+        self,
+        store: Store,
+        tenant: str,
+        key: str,
+        token: str,
+        live: LiveStream,
+        max_stored: int | None = None,
+    ) -> None:
         self.store, self.tenant, self.key, self.token = store, tenant, key, token
         self.live = live
         self.pending: list[bytes] = []
         self.recorded = 0
         self.ok = True
+        # Bytes of events left before --max-stored-body is passed (None: no bound).
+        self.room = max_stored
+        self.too_large = False
         self._last_flush = asyncio.get_running_loop().time()
         self._begun: asyncio.Task[None] | None = None
 
@@ -72,14 +83,27 @@ class _Recorder:
 
     async def _begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         try:
-            self.ok = await self.store.begin_stream(
-                self.tenant, self.key, self.token, status, headers
-            )
+            held = await self.store.begin_stream(self.tenant, self.key, self.token, status, headers)
         except StoreUnavailable as exc:
             log.error("cannot record the stream of key %r: %s", self.key, exc)
-            self.ok = False
+            held = False
+        # Events may have passed --max-stored-body meanwhile: that stop stands.
+        self.ok = self.ok and held
 
     async def add(self, events: list[bytes]) -> None:
+        if self.room is not None:
+            self.room -= sum(map(len, events))
+            if self.room < 0:
+                # Recording stops; what is recorded stays (slow followers here may
+                # still read it back) until the key is released at the stream's end.
+                if not self.too_large:
+                    log.info(
+                        "the stream of key %r passed --max-stored-body: relayed, not stored",
+                        self.key,
+                    )
+                self.too_large, self.ok = True, False
+                self.pending.clear()
+                return
         self.pending.extend(events)
         now = asyncio.get_running_loop().time()
         if len(self.pending) >= FLUSH_EVENTS or now - self._last_flush >= FLUSH_SECONDS:
@@ -121,9 +145,14 @@ async def record_stream(
     facts: UpstreamFacts,
     pending: PendingWrites | None = None,
     until: float = math.inf,
+    max_stored: int | None = None,
 ) -> StoredResponse | None:
-    """Relay ``response`` into ``live``, record it, then complete or release the record."""
-    recorder = _Recorder(store, tenant, key, token, live)
+    """Relay ``response`` into ``live``, record it, then complete or release the record.
+
+    Events past ``max_stored`` bytes are relayed and not recorded; the record is
+    then released (``facts.not_stored``), so a retry runs again.
+    """
+    recorder = _Recorder(store, tenant, key, token, live, max_stored)
     recorder.begin(response.status, response.headers)
     splitter = EventSplitter()
     usage = StreamUsage()
@@ -141,6 +170,8 @@ async def record_stream(
         if kept:
             live.append(kept)
             await recorder.add(kept)
+            if recorder.too_large:
+                facts.not_stored = "too_large"
 
     try:
         async for chunk in response.chunks():

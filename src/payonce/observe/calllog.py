@@ -92,6 +92,8 @@ class CallRecord:
     extra: dict[str, object] = field(default_factory=dict)
     # A keyed request forwarded unprotected: the store was down (--on-store-failure open).
     store_bypassed: bool = False
+    # The answer was relayed but not stored, its key released ("too_large").
+    not_stored: str | None = None
     # The client left before its response was complete (status is then 499).
     client_disconnected: bool = False
     # The gateway stopped the upstream call (its client left, --on-disconnect cancel).
@@ -141,6 +143,7 @@ class CallRecord:
                 "client_retry": self.client_retry,
                 "unprotected_retry": self.unprotected_retry,
                 "store_bypassed": self.store_bypassed,
+                "not_stored": self.not_stored,
                 "input_tokens": input_tokens,
                 "output_tokens": output_tokens,
                 "cached_input_tokens": cached,

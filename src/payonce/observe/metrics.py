@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from payonce.observe.limit_metrics import limit_counters
 from payonce.observe.pricing import PRICES, priced_name
 
 if TYPE_CHECKING:
@@ -310,6 +311,7 @@ class Metrics:
             " the store could not answer (--on-store-failure open).",
             registry=registry,
         )
+        self.limited, self.unstored = limit_counters(registry)  # children by label
 
         # Children bound once: .labels() is a lock and a dict lookup per call.
         self.spent_input = self.tokens.labels("spent", "input")

@@ -1,0 +1,35 @@
+"""The counters of the per-tenant limits (docs/gateway.md, "Limits per tenant").
+
+Kept apart from :mod:`payonce.observe.metrics` only for size: they are part of
+its registry, and counted like its other counters (``Metrics.deferred``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+__all__ = ["limit_counters"]
+
+
+def limit_counters(registry: CollectorRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both counters in ``registry``, as their children by label value (all made at 0)."""
+    rejections = Counter(
+        "payonce_tenant_limit_rejections",
+        "Keyed requests refused with 429 by a per-tenant limit: in_flight"
+        " (--max-inflight-per-tenant) or new_keys (--max-new-keys-per-tenant).",
+        ["limit"],
+        registry=registry,
+    )
+    unstored = Counter(
+        "payonce_unstored_responses",
+        "Upstream answers relayed to their client but not stored, their key released so"
+        " that a retry runs again (too_large: over --max-stored-body).",
+        ["reason"],
+        registry=registry,
+    )
+    return (
+        {limit: rejections.labels(limit) for limit in ("in_flight", "new_keys")},
+        {"too_large": unstored.labels("too_large")},
+    )
