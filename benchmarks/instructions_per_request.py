@@ -13,8 +13,11 @@ out::
     python benchmarks/instructions_per_request.py --base ../old --workers 2 --call-log
 
 A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``).
-``--kind keyed`` sends a new Idempotency-Key per request (the keyed first call),
-``plain`` none (pass-through). ``--workers N`` runs ``payonce serve --workers N``
+``--kind`` picks what each request is, one or several (comma-separated; default
+all three): ``keyed`` a new Idempotency-Key per request (the keyed first call),
+``plain`` none (pass-through), ``replay`` one of ``REPLAY_KEYS`` keys completed
+beforehand, in turn (answered from the replay cache; the warm-up calls are the
+same in both runs, so they cancel out too). ``--workers N`` runs ``payonce serve --workers N``
 and counts every process (supervisor and workers; callgrind follows the forks,
 one output file each); the one connection is served by one worker, the others
 idle. ``--call-log`` writes the call log to a file in the run's directory.
@@ -37,6 +40,8 @@ import time
 import uuid
 from pathlib import Path
 
+KINDS = ("keyed", "plain", "replay")
+REPLAY_KEYS = 50
 BODY = json.dumps(
     {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 )
@@ -60,6 +65,19 @@ def _wait_ready(port: int, timeout: float = 300) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _send_all(connection: http.client.HTTPConnection, keys: list[str | None]) -> None:
+    """One request per key (``None``: without one), one after the other."""
+    for key in keys:
+        headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        connection.request("POST", "/v1/chat/completions", body=BODY, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"the gateway answered {answer.status}")
 
 
 def total_instructions(
@@ -95,15 +113,17 @@ def total_instructions(
     try:
         _wait_ready(gateway_port)
         connection = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=60)
-        for _ in range(requests):
-            headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
-            if kind == "keyed":
-                headers["Idempotency-Key"] = f"k-{uuid.uuid4()}"
-            connection.request("POST", "/v1/chat/completions", body=BODY, headers=headers)
-            answer = connection.getresponse()
-            answer.read()
-            if answer.status != 200:
-                raise RuntimeError(f"the gateway answered {answer.status}")
+        nonce = uuid.uuid4().hex
+        keys: list[str | None]
+        if kind == "replay":
+            keys = [f"r-{nonce}-{n}" for n in range(REPLAY_KEYS)]
+            _send_all(connection, keys)  # their first calls, the same in both runs
+            keys = [keys[n % REPLAY_KEYS] for n in range(requests)]
+        elif kind == "keyed":
+            keys = [f"k-{nonce}-{n}" for n in range(requests)]
+        else:
+            keys = [None] * requests
+        _send_all(connection, keys)
         connection.close()
     finally:
         gateway.send_signal(signal.SIGTERM)
@@ -141,29 +161,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="the baseline checkout")
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
-    parser.add_argument("--kind", choices=("keyed", "plain"), default="keyed")
+    parser.add_argument(
+        "--kind", default=",".join(KINDS), help="keyed, plain, replay (comma-separated)"
+    )
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
     parser.add_argument("--call-log", action="store_true", help="with a call log file")
     parser.add_argument("--rounds", type=int, default=1, help="base and new, alternating")
     args = parser.parse_args()
-    options = (args.kind, args.small, args.large, args.workers, args.call_log)
-    what = f"{args.kind}, --workers {args.workers}" + (", --call-log" if args.call_log else "")
+    kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"--kind: unknown {', '.join(sorted(unknown))} (choose from {KINDS})")
+    extra = f", --workers {args.workers}" + (", --call-log" if args.call_log else "")
     for round_ in range(1, args.rounds + 1):
-        base = per_request(args.base.resolve(), *options)
-        new = per_request(args.new, *options)
-        print(
-            f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
-            f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",
-            flush=True,
-        )
-        for part in ("serving", "idle", "supervisor"):
-            if part in base:
-                print(
-                    f"    {part}: base {base[part] / 1000:,.1f}k, new {new[part] / 1000:,.1f}k",
-                    flush=True,
-                )
+        for kind in kinds:
+            options = (kind, args.small, args.large, args.workers, args.call_log)
+            base = per_request(args.base.resolve(), *options)
+            new = per_request(args.new, *options)
+            print(
+                f"{kind}{extra}, round {round_}: base {base['total'] / 1000:,.1f}k"
+                f" instructions/request, new {new['total'] / 1000:,.1f}k,"
+                f" ratio new/base {new['total'] / base['total']:.3f}",
+                flush=True,
+            )
+            for part in ("serving", "idle", "supervisor"):
+                if part in base:
+                    print(
+                        f"    {part}: base {base[part] / 1000:,.1f}k, new {new[part] / 1000:,.1f}k",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
