@@ -61,6 +61,8 @@ class UpstreamResponse:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    # The same fields as the bytes they arrived as, to relay without encoding them again.
+    raw_headers: tuple[tuple[bytes, bytes], ...] | None = None
 
 
 def parse_upstream_url(url: str) -> URL:
@@ -141,7 +143,8 @@ class Upstream:
         Raises :class:`UpstreamUnavailable` or :class:`UpstreamTimeout`.
         """
         async with self.open(method, raw_path, query, headers, body) as response:
-            return UpstreamResponse(response.status, response.headers, await response.read())
+            body = await response.read()
+            return UpstreamResponse(response.status, response.headers, body, response.raw_headers)
 
     @contextlib.asynccontextmanager
     async def open(
@@ -221,8 +224,10 @@ class OpenResponse:
         self.attempts = attempts  # connections tried: 1 + connect retries
         self.status = connection.status
         kept = []
+        raw = []
         content_type = None
-        for raw_name, raw_value in connection.headers:
+        for field in connection.headers:
+            raw_name, raw_value = field
             lowered = raw_name.lower()
             if lowered in HOP_BY_HOP_BYTES:
                 continue
@@ -230,7 +235,9 @@ class OpenResponse:
             if lowered == b"content-type" and content_type is None:
                 content_type = value
             kept.append((raw_name.decode("latin-1"), value))
+            raw.append(field)
         self.headers = tuple(kept)
+        self.raw_headers = tuple(raw)  # as received: what a whole response is relayed with
         self.content_type = content_type
 
     async def read(self) -> bytes:
