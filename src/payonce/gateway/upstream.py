@@ -15,7 +15,6 @@ already, so it is reported, never retried here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from payonce.gateway.upstream_http import ConnectFailed, Connection, Pool, reque
 __all__ = [
     "HOP_BY_HOP",
     "HOP_BY_HOP_BYTES",
+    "Exchange",
     "OpenResponse",
     "Upstream",
     "UpstreamResponse",
@@ -146,8 +146,7 @@ class Upstream:
             body = await response.read()
             return UpstreamResponse(response.status, response.headers, body, response.raw_headers)
 
-    @contextlib.asynccontextmanager
-    async def open(
+    def open(
         self,
         method: str,
         raw_path: str,
@@ -156,29 +155,33 @@ class Upstream:
         body: bytes,
         *,
         on_attempt: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[OpenResponse]:
-        """Forward one request; yield the response once its head has arrived.
+    ) -> Exchange:
+        """Forward one request: ``async with`` it for the response, once its head has arrived.
 
         ``headers``: the client's fields as received (lowercase names), hop-by-hop
         ones already left out (:meth:`ProxiedRequest.upstream_headers`).
         ``on_attempt(n)`` is told as attempt ``n`` (1, then connect retries) is
         sent, so a call cancelled before its answer still counts its attempts.
 
-        The body is read through the yielded :class:`OpenResponse`. Leaving the
-        block early (a cancelled relay) closes the connection, which is how an
+        The body is read through the :class:`OpenResponse` the block gets. Leaving
+        the block early (a cancelled relay) closes the connection, which is how an
         upstream learns that nobody is listening any more.
         """
-        pool = self._pool
-        assert pool is not None, "Upstream.start() was not awaited"
+        assert self._pool is not None, "Upstream.start() was not awaited"
         target = (self._prefix + raw_path + ("?" + query if query else "")).encode("latin-1")
         head = request_head(method, target, self._host_header, headers, body)
+        return Exchange(self, self._pool, head, body, method == "HEAD", on_attempt)
+
+    async def _connect(
+        self, pool: Pool, on_attempt: Callable[[int], object] | None
+    ) -> tuple[Connection, int]:
+        """A connection, and the attempts it took (connect failures retried, with jitter)."""
         attempt = 0
         while True:
             if on_attempt is not None:
                 on_attempt(attempt + 1)
             try:
-                connection = await pool.acquire()
-                break
+                return await pool.acquire(), attempt + 1
             except ConnectFailed as exc:
                 # Provably not sent: safe to try again, with full jitter.
                 if attempt >= self._connect_retries:
@@ -187,21 +190,58 @@ class Upstream:
                     ) from exc
                 await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
                 attempt += 1
-        complete = False
+
+
+class Exchange:
+    """One request to the upstream, as an async context manager.
+
+    A class, not ``contextlib.asynccontextmanager``: a generator-based one costs
+    another object, two generator resumptions and their frames per call.
+    """
+
+    __slots__ = ("_body", "_connection", "_head", "_head_only", "_on_attempt", "_pool", "_upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pool: Pool,
+        head: bytes,
+        body: bytes,
+        head_only: bool,
+        on_attempt: Callable[[int], object] | None,
+    ) -> None:
+        self._upstream, self._pool = upstream, pool
+        self._head, self._body, self._head_only = head, body, head_only
+        self._on_attempt = on_attempt
+        self._connection: Connection | None = None
+
+    async def __aenter__(self) -> OpenResponse:
+        upstream = self._upstream
+        connection, attempts = await upstream._connect(self._pool, self._on_attempt)
         try:
-            connection.send(head, body, method == "HEAD")
-            try:
-                await connection.read_head(self._read_timeout)
-            except (TimeoutError, ConnectionError) as exc:
-                raise _translate(exc) from exc
-            yield OpenResponse(connection, self._read_timeout, attempts=attempt + 1)
-            complete = True
-        finally:
-            if complete and connection.complete:
-                pool.release(connection)  # back to the keep-alive pool
-            else:
-                connection.busy = False
-                connection.close()
+            connection.send(self._head, self._body, self._head_only)
+            await connection.read_head(upstream._read_timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            _discard(connection)
+            raise _translate(exc) from exc
+        except BaseException:  # cancelled while waiting for the head
+            _discard(connection)
+            raise
+        self._connection = connection
+        return OpenResponse(connection, upstream._read_timeout, attempts=attempts)
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        connection = self._connection
+        assert connection is not None
+        if kind is None and connection.complete:
+            self._pool.release(connection)  # back to the keep-alive pool
+        else:
+            _discard(connection)
+
+
+def _discard(connection: Connection) -> None:
+    connection.busy = False
+    connection.close()
 
 
 def _translate(exc: BaseException) -> UpstreamTimeout | UpstreamUnavailable:
