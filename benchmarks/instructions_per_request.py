@@ -179,7 +179,7 @@ def main() -> None:
         for kind in kinds:
             options = (kind, args.small, args.large, args.workers, args.call_log)
             base = per_request(args.base.resolve(), *options)
-            new = per_request(args.new, *options)
+            new = per_request(args.new.resolve(), *options)
             print(
                 f"{kind}{extra}, round {round_}: base {base['total'] / 1000:,.1f}k"
                 f" instructions/request, new {new['total'] / 1000:,.1f}k,"
