@@ -13,9 +13,11 @@ out::
     python benchmarks/instructions_per_request.py --base ../old --workers 2 --call-log
 
 A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``).
-``--kind keyed`` sends a new Idempotency-Key per request (the keyed first call),
-``plain`` none (pass-through), ``replay`` one key for all (the first runs, the
-others replay), ``stream`` a new key per streamed request. ``--workers N`` runs
+``--kind`` picks what each request is, one or several (comma-separated; default
+keyed, plain and replay): ``keyed`` a new Idempotency-Key per request (the keyed
+first call), ``plain`` none (pass-through), ``replay`` one of ``REPLAY_KEYS``
+keys completed beforehand, in turn (the warm-up calls are the same in both runs,
+so they cancel out too), ``stream`` a new key per streamed request. ``--workers N`` runs
 ``payonce serve --workers N`` and counts every process (supervisor and workers;
 callgrind follows the forks, one output file each); the one connection is
 served by one worker, the others idle. ``--call-log`` writes the call log to a
@@ -47,6 +49,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+KINDS = ("keyed", "plain", "replay", "stream")
+REPLAY_KEYS = 50
 BODY = json.dumps(
     {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 )
@@ -75,6 +79,19 @@ def _wait_ready(
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _send_all(connection: http.client.HTTPConnection, keys: list[str | None], body: str) -> None:
+    """One request per key (``None``: without one), one after the other."""
+    for key in keys:
+        headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"the gateway answered {answer.status}")
 
 
 def total_instructions(
@@ -127,18 +144,17 @@ def total_instructions(
     try:
         _wait_ready(gateway_port, gateway, work / "gateway.log")
         connection = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=60)
-        body = STREAM_BODY if kind == "stream" else BODY
-        for _ in range(requests):
-            headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
-            if kind in ("keyed", "stream"):
-                headers["Idempotency-Key"] = f"k-{uuid.uuid4()}"
-            elif kind == "replay":
-                headers["Idempotency-Key"] = "k-replayed"
-            connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
-            answer = connection.getresponse()
-            answer.read()
-            if answer.status != 200:
-                raise RuntimeError(f"the gateway answered {answer.status}")
+        nonce = uuid.uuid4().hex
+        keys: list[str | None]
+        if kind == "replay":
+            keys = [f"r-{nonce}-{n}" for n in range(REPLAY_KEYS)]
+            _send_all(connection, keys, BODY)  # their first calls, the same in both runs
+            keys = [keys[n % REPLAY_KEYS] for n in range(requests)]
+        elif kind in ("keyed", "stream"):
+            keys = [f"k-{nonce}-{n}" for n in range(requests)]
+        else:
+            keys = [None] * requests
+        _send_all(connection, keys, STREAM_BODY if kind == "stream" else BODY)
         connection.close()
     finally:
         gateway.send_signal(signal.SIGTERM)
@@ -183,7 +199,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="the baseline checkout")
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
-    parser.add_argument("--kind", choices=("keyed", "plain", "replay", "stream"), default="keyed")
+    parser.add_argument(
+        "--kind", default="keyed,plain,replay", help=f"{', '.join(KINDS)} (comma-separated)"
+    )
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
@@ -192,24 +210,30 @@ def main() -> None:
     parser.add_argument("--base-flags", default="", help="more serve flags for the base")
     parser.add_argument("--new-flags", default="", help="more serve flags for the new one")
     args = parser.parse_args()
-    options = (args.kind, args.small, args.large, args.workers, args.call_log)
-    what = f"{args.kind}, --workers {args.workers}" + (", --call-log" if args.call_log else "")
-    what += f", base flags {args.base_flags!r}" if args.base_flags else ""
-    what += f", new flags {args.new_flags!r}" if args.new_flags else ""
+    kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"--kind: unknown {', '.join(sorted(unknown))} (choose from {KINDS})")
+    extra = f", --workers {args.workers}" + (", --call-log" if args.call_log else "")
+    extra += f", base flags {args.base_flags!r}" if args.base_flags else ""
+    extra += f", new flags {args.new_flags!r}" if args.new_flags else ""
     for round_ in range(1, args.rounds + 1):
-        base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
-        new = per_request(args.new.resolve(), *options, tuple(args.new_flags.split()))
-        print(
-            f"{what}, round {round_}: base {base['total'] / 1000:,.1f}k instructions/request,"
-            f" new {new['total'] / 1000:,.1f}k, ratio new/base {new['total'] / base['total']:.3f}",
-            flush=True,
-        )
-        for part in ("serving", "idle", "supervisor"):
-            if part in base:
-                print(
-                    f"    {part}: base {base[part] / 1000:,.1f}k, new {new[part] / 1000:,.1f}k",
-                    flush=True,
-                )
+        for kind in kinds:
+            options = (kind, args.small, args.large, args.workers, args.call_log)
+            base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
+            new = per_request(args.new.resolve(), *options, tuple(args.new_flags.split()))
+            print(
+                f"{kind}{extra}, round {round_}: base {base['total'] / 1000:,.1f}k"
+                f" instructions/request, new {new['total'] / 1000:,.1f}k,"
+                f" ratio new/base {new['total'] / base['total']:.3f}",
+                flush=True,
+            )
+            for part in ("serving", "idle", "supervisor"):
+                if part in base:
+                    print(
+                        f"    {part}: base {base[part] / 1000:,.1f}k, new {new[part] / 1000:,.1f}k",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

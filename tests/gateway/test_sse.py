@@ -129,3 +129,13 @@ def test_ask_for_usage_only_when_missing() -> None:
     assert ask_for_usage("/v1/chat/completions", orjson.dumps({"stream": False})) is None
     assert ask_for_usage("/v1/messages", body) is None
     assert ask_for_usage("/v1/chat/completions", b"not json") is None
+
+
+def test_ask_for_usage_sees_a_stream_spelled_with_escapes() -> None:
+    # The shortcut that skips parsing bodies without "stream" must not miss this one.
+    body = b'{"model":"m","str\\u0065am":true,"messages":[]}'
+    changed = ask_for_usage("/v1/chat/completions", body)
+    assert changed is not None and orjson.loads(changed)["stream_options"] == {
+        "include_usage": True
+    }
+    assert ask_for_usage("/v1/chat/completions", b'{"model":"m","messages":[]}') is None

@@ -462,6 +462,10 @@ class Gateway:
                 self.observer.apply(record, facts, saved=True)
                 await _send_replay(send, entry)
                 return None
+            if (tenant, key) in self.running:
+                # In progress here after all: its claim shared this one's group
+                # commit and won, and it started running since. Join it.
+                continue
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
             remaining = deadline - loop.time()

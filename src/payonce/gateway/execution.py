@@ -162,7 +162,9 @@ async def run_execution(
                     ):
                         facts.usage_missing = "not_requested"
                     return stored
-                outcome = UpstreamResponse(response.status, response.headers, await response.read())
+                outcome = UpstreamResponse(
+                    response.status, response.headers, await response.read(), response.raw_headers
+                )
         except ProblemError as exc:
             outcome = exc
         facts.latency = time.perf_counter() - started

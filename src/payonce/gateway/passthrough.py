@@ -22,12 +22,11 @@ from payonce.gateway.observing import Observer, UpstreamFacts, provider_request_
 from payonce.gateway.relay import send_whole
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import StreamId, is_event_stream
-from payonce.gateway.upstream import Upstream
+from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.calllog import CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_usage_and_id
-from payonce.store import StoredResponse
 
 __all__ = ["VIA", "PassThrough"]
 
@@ -120,7 +119,9 @@ class PassThrough:
                 facts.model, facts.usage, body_id = model_usage_and_id(body, response.headers)
                 facts.request_id = facts.request_id or body_id
                 facts.cost_usd = cost_of(facts.model, facts.usage)
-                await send_whole(send, StoredResponse(response.status, response.headers, body), VIA)
+                raw = response.raw_headers
+                whole = UpstreamResponse(response.status, response.headers, body, raw)
+                await send_whole(send, whole, VIA)
                 return
             facts.stream = True
             # A stream nobody can claim: relayed chunk by chunk, nothing recorded

@@ -111,12 +111,20 @@ class _Refused(Exception):
 
 
 class _Transport:
-    """The transport as uvicorn sees it: ``close()`` lingers while a request is unread.
+    """The transport as uvicorn sees it: ``close()`` lingers while a request is unread,
+    and the writes of one turn of the event loop go out together.
 
-    Everything else is the real transport's own bound method, so writes cost nothing more.
+    uvicorn writes a response's head and its body with a ``write()`` each, one
+    system call and one TCP segment each; here they are held until the end of the
+    loop's turn (``call_soon``) and written with one ``writelines()``. Whatever
+    else reaches the socket (a close, an EOF, the protocol's own refusals) sends
+    what is held first (:meth:`flush`), so the order on the wire is the order of
+    the writes. Everything else is the real transport's own bound method.
     """
 
     __slots__ = (
+        "_held",
+        "_loop",
         "_protocol",
         "_raw",
         "abort",
@@ -126,14 +134,15 @@ class _Transport:
         "pause_reading",
         "resume_reading",
         "set_protocol",
-        "write",
-        "write_eof",
-        "writelines",
     )
 
-    def __init__(self, raw: asyncio.Transport, protocol: GatewayProtocol) -> None:
+    def __init__(
+        self, raw: asyncio.Transport, protocol: GatewayProtocol, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._raw = raw
         self._protocol = protocol
+        self._loop = loop
+        self._held: list[bytes] = []
         self.abort = raw.abort
         self.can_write_eof = raw.can_write_eof
         self.get_extra_info = raw.get_extra_info
@@ -141,9 +150,31 @@ class _Transport:
         self.pause_reading = raw.pause_reading
         self.resume_reading = raw.resume_reading
         self.set_protocol = raw.set_protocol
-        self.write = raw.write
-        self.write_eof = raw.write_eof
-        self.writelines = raw.writelines
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if not held:
+            self._loop.call_soon(self.flush)
+        held.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        """Write what is held, in one system call."""
+        held = self._held
+        if held:
+            self._held = []
+            if not self._raw.is_closing():
+                if len(held) == 1:
+                    self._raw.write(held[0])
+                else:
+                    self._raw.writelines(held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._raw.write_eof()
 
     def close(self) -> None:
         self._protocol.close_connection()
@@ -167,6 +198,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = cast(int, self.limits.keep_alive_timeout)
         self.lingering = False
         self._raw: asyncio.Transport | None = None
+        self._transport: _Transport | None = None
         self._phase = _IDLE
         self._in_message = False  # a request has begun and is not complete
         self._timer: asyncio.TimerHandle | None = None
@@ -188,7 +220,8 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         raw = cast(asyncio.Transport, transport)
         self._raw = raw
-        super().connection_made(cast(asyncio.Transport, _Transport(raw, self)))
+        self._transport = _Transport(raw, self, self.loop)
+        super().connection_made(cast(asyncio.Transport, self._transport))
         self._phase = _HEAD
         self._arm(_HEAD, self.limits.header_timeout)
 
@@ -303,11 +336,17 @@ class GatewayProtocol(HttpToolsProtocol):
 
     # -- closing ---------------------------------------------------------------------------
 
+    def _flush(self) -> None:
+        """Send the writes held for this turn: before anything else touches the socket."""
+        if self._transport is not None:
+            self._transport.flush()
+
     def close_connection(self) -> None:
         """``transport.close()`` from uvicorn: linger if the request is not read to its end."""
         raw = self._raw
         if self.lingering or raw is None:
             return
+        self._flush()
         if self._in_message and not self._shutting_down:
             self._linger()
         else:
@@ -322,6 +361,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if raw.is_closing():
             return
         self.flow.resume_reading()  # uvicorn's flow control may have paused it
+        self._flush()
         if raw.can_write_eof():
             raw.write_eof()  # the response is all there is: the client sees its end now
         self._linger_timer = self.loop.call_later(_LINGER_SECONDS, raw.close)
@@ -337,6 +377,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self._discard_left -= size
         if self._discard_left < 0 and self._raw is not None:
             # Past the bound: a reset is now the client's doing.
+            self._flush()
             self._raw.close()
 
     # -- refusals --------------------------------------------------------------------------
@@ -367,6 +408,7 @@ class GatewayProtocol(HttpToolsProtocol):
         head = [b"HTTP/1.1 %d %s\r\n" % (error.status, phrase)]
         head.extend(name + b": " + value + b"\r\n" for name, value in headers)
         head.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+        self._flush()  # a response before this one goes first
         raw.write(b"".join(head) + body)
         now = time.monotonic()
         if now - GatewayProtocol._warned >= _WARN_EVERY:  # an attack must not flood the log
@@ -398,6 +440,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if phase == _HEAD:
             if not self._in_message:
                 self.lingering = True  # nothing to answer, nothing unread
+                self._flush()
                 self._raw.close()
             else:
                 self._refuse(
@@ -428,6 +471,7 @@ class GatewayProtocol(HttpToolsProtocol):
             # The answer is on its way; the connection ends after it (keep_alive
             # off), or now if the body can no longer be parsed.
             if isinstance(error, MalformedRequest) and self._raw is not None:
+                self._flush()
                 self._raw.close()
             return
         # The app sees a disconnect, and its sends are dropped; the client gets

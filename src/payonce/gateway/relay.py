@@ -31,10 +31,14 @@ async def send_whole(
     send: Send, response: UpstreamResponse | StoredResponse, *extra: tuple[bytes, bytes]
 ) -> None:
     """Send a whole response with ``extra`` headers (the replay marker, the cost)."""
-    headers = [
-        (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
-    ]
-    headers.extend(extra)
+    raw = response.raw_headers if isinstance(response, UpstreamResponse) else None
+    if raw is not None:
+        headers = [*raw, *extra]
+    else:
+        headers = [
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
+        ]
+        headers.extend(extra)
     await send_response(send, response.status, headers, response.body)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from payonce.gateway.upstream import HOP_BY_HOP
+from payonce.gateway.upstream import HOP_BY_HOP_BYTES
 
 __all__ = ["ProxiedRequest", "header"]
 
@@ -25,11 +25,10 @@ class ProxiedRequest:
     headers: list[tuple[bytes, bytes]]
     body: bytes
 
-    def upstream_headers(self) -> list[tuple[str, str]]:
-        """Headers to forward: everything but hop-by-hop fields (RFC 9110 section 7.6.1)."""
-        forwarded = []
-        for raw_name, raw_value in self.headers:
-            name = raw_name.decode("latin-1")
-            if name not in HOP_BY_HOP:
-                forwarded.append((name, raw_value.decode("latin-1")))
-        return forwarded
+    def upstream_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers to forward: everything but hop-by-hop fields (RFC 9110 section 7.6.1).
+
+        As the server handed them over (lowercase names, raw values): they are
+        written to the upstream as they are, never decoded.
+        """
+        return [field for field in self.headers if field[0] not in HOP_BY_HOP_BYTES]

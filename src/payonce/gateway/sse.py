@@ -245,6 +245,10 @@ def ask_for_usage(path: str, body: bytes) -> bytes | None:
     """
     if not (path.endswith("/chat/completions") or path.endswith("/completions")):
         return None
+    if b'"stream"' not in body and b"\\u" not in body:
+        # No member spelled "stream", nor one spelled with escapes: not a stream,
+        # and the body (a whole prompt, often many kilobytes) need not be parsed.
+        return None
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:

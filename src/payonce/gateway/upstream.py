@@ -1,33 +1,38 @@
-"""The gateway's upstream HTTP client (aiohttp).
+"""The gateway's upstream HTTP client: one origin, keep-alive HTTP/1.1 (gateway/upstream_http.py).
 
-aiohttp, not httpx, on this hot path: as a high-concurrency proxy client httpx
-measured several times slower per request here (docs/benchmarks.md). Bodies are
-relayed as received (``auto_decompress=False``) so a replay is byte-for-byte the
-original.
+Not httpx, nor aiohttp's ``ClientSession`` any more, on this hot path: as a
+proxy client to one origin both cost several times what a pool of httptools-parsed
+connections costs per request (docs/benchmarks.md). Bodies are relayed as
+received (no decompression) so a replay is byte-for-byte the original.
 
 Retries happen only when the request provably never left (DESIGN.md, Gateway
-retries): aiohttp's ``ClientConnectorError`` covers refused connections, DNS
-failures and connect timeouts. Anything after the request was written is
-ambiguous, since the provider may be generating (and billing) already, so it is
-reported, never retried here. ``ConnectionTimeoutError`` is aiohttp's connect
-timeout (``sock_connect``): nothing was written either.
+retries): a refused connection, a DNS failure, a failed TLS handshake or a
+connect timeout (:class:`ConnectFailed`). Anything after the request was
+written is ambiguous, since the provider may be generating (and billing)
+already, so it is reported, never retried here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
-import aiohttp
-from multidict import CIMultiDict
 from yarl import URL
 
 from payonce.errors import ConfigError, UpstreamTimeout, UpstreamUnavailable
+from payonce.gateway.upstream_http import ConnectFailed, Connection, Pool, request_head
 
-__all__ = ["HOP_BY_HOP", "OpenResponse", "Upstream", "UpstreamResponse", "parse_upstream_url"]
+__all__ = [
+    "HOP_BY_HOP",
+    "HOP_BY_HOP_BYTES",
+    "Exchange",
+    "OpenResponse",
+    "Upstream",
+    "UpstreamResponse",
+    "parse_upstream_url",
+]
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the ones the proxy
 # recomputes itself (host, content-length).
@@ -47,6 +52,8 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+# The same, as the lowercase bytes the ASGI server hands over.
+HOP_BY_HOP_BYTES = frozenset(name.encode() for name in HOP_BY_HOP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,8 @@ class UpstreamResponse:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    # The same fields as the bytes they arrived as, to relay without encoding them again.
+    raw_headers: tuple[tuple[bytes, bytes], ...] | None = None
 
 
 def parse_upstream_url(url: str) -> URL:
@@ -87,12 +96,18 @@ class Upstream:
         self._base = parse_upstream_url(base_url)
         self._prefix = self._base.raw_path.rstrip("/")
         self._origin = str(self._base.origin())
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout
-        )
+        host = str(self._base.raw_host)
+        self._host = host
+        self._port = int(self._base.port or (443 if self._base.scheme == "https" else 80))
+        authority = f"[{host}]" if ":" in host else host
+        if self._base.explicit_port is not None and not self._base.is_default_port():
+            authority += f":{self._base.explicit_port}"
+        self._host_header = authority.encode("idna" if not authority.isascii() else "ascii")
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._connect_retries = connect_retries
         self._backoff = backoff
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
 
     @property
     def server(self) -> tuple[str, int]:
@@ -100,22 +115,16 @@ class Upstream:
         return str(self._base.host), int(self._base.port or 0)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=15)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            # One session serves every tenant: a cookie one upstream response sets
-            # must never ride along on another tenant's request.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # Send what the client sent, no more: no default User-Agent or
-            # Accept-Encoding of ours changes what the upstream computes.
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        self._pool = Pool(
+            self._host,
+            self._port,
+            tls=self._base.scheme == "https",
+            connect_timeout=self._connect_timeout,
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def url_for(self, raw_path: str, query: str) -> URL:
         target = self._origin + self._prefix + raw_path + ("?" + query if query else "")
@@ -126,7 +135,7 @@ class Upstream:
         method: str,
         raw_path: str,
         query: str,
-        headers: Iterable[tuple[str, str]],
+        headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
     ) -> UpstreamResponse:
         """Forward one request and read the whole answer.
@@ -134,41 +143,46 @@ class Upstream:
         Raises :class:`UpstreamUnavailable` or :class:`UpstreamTimeout`.
         """
         async with self.open(method, raw_path, query, headers, body) as response:
-            return UpstreamResponse(response.status, response.headers, await response.read())
+            body = await response.read()
+            return UpstreamResponse(response.status, response.headers, body, response.raw_headers)
 
-    @contextlib.asynccontextmanager
-    async def open(
+    def open(
         self,
         method: str,
         raw_path: str,
         query: str,
-        headers: Iterable[tuple[str, str]],
+        headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
         *,
         on_attempt: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[OpenResponse]:
-        """Forward one request; yield the response once its head has arrived.
+    ) -> Exchange:
+        """Forward one request: ``async with`` it for the response, once its head has arrived.
 
+        ``headers``: the client's fields as received (lowercase names), hop-by-hop
+        ones already left out (:meth:`ProxiedRequest.upstream_headers`).
         ``on_attempt(n)`` is told as attempt ``n`` (1, then connect retries) is
         sent, so a call cancelled before its answer still counts its attempts.
 
-        The body is read through the yielded :class:`OpenResponse`. Leaving the
-        block early (a cancelled relay) closes the connection, which is how an
+        The body is read through the :class:`OpenResponse` the block gets. Leaving
+        the block early (a cancelled relay) closes the connection, which is how an
         upstream learns that nobody is listening any more.
         """
-        assert self._session is not None, "Upstream.start() was not awaited"
-        url = self.url_for(raw_path, query)
-        request_headers = CIMultiDict(headers)
+        assert self._pool is not None, "Upstream.start() was not awaited"
+        target = (self._prefix + raw_path + ("?" + query if query else "")).encode("latin-1")
+        head = request_head(method, target, self._host_header, headers, body)
+        return Exchange(self, self._pool, head, body, method == "HEAD", on_attempt)
+
+    async def _connect(
+        self, pool: Pool, on_attempt: Callable[[int], object] | None
+    ) -> tuple[Connection, int]:
+        """A connection, and the attempts it took (connect failures retried, with jitter)."""
         attempt = 0
         while True:
             if on_attempt is not None:
                 on_attempt(attempt + 1)
             try:
-                response = await self._session.request(
-                    method, url, headers=request_headers, data=body or None, allow_redirects=False
-                )
-                break
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                return await pool.acquire(), attempt + 1
+            except ConnectFailed as exc:
                 # Provably not sent: safe to try again, with full jitter.
                 if attempt >= self._connect_retries:
                     raise UpstreamUnavailable(
@@ -176,21 +190,62 @@ class Upstream:
                     ) from exc
                 await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
                 attempt += 1
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise _translate(exc) from exc
-        complete = False
+
+
+class Exchange:
+    """One request to the upstream, as an async context manager.
+
+    A class, not ``contextlib.asynccontextmanager``: a generator-based one costs
+    another object, two generator resumptions and their frames per call.
+    """
+
+    __slots__ = ("_body", "_connection", "_head", "_head_only", "_on_attempt", "_pool", "_upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pool: Pool,
+        head: bytes,
+        body: bytes,
+        head_only: bool,
+        on_attempt: Callable[[int], object] | None,
+    ) -> None:
+        self._upstream, self._pool = upstream, pool
+        self._head, self._body, self._head_only = head, body, head_only
+        self._on_attempt = on_attempt
+        self._connection: Connection | None = None
+
+    async def __aenter__(self) -> OpenResponse:
+        upstream = self._upstream
+        connection, attempts = await upstream._connect(self._pool, self._on_attempt)
         try:
-            yield OpenResponse(response, attempts=attempt + 1)
-            complete = True
-        finally:
-            if complete and response.content.at_eof():
-                response.release()  # back to the keep-alive pool
-            else:
-                response.close()
+            connection.send(self._head, self._body, self._head_only)
+            await connection.read_head(upstream._read_timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            _discard(connection)
+            raise _translate(exc) from exc
+        except BaseException:  # cancelled while waiting for the head
+            _discard(connection)
+            raise
+        self._connection = connection
+        return OpenResponse(connection, upstream._read_timeout, attempts=attempts)
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        connection = self._connection
+        assert connection is not None
+        if kind is None and connection.complete:
+            self._pool.release(connection)  # back to the keep-alive pool
+        else:
+            _discard(connection)
+
+
+def _discard(connection: Connection) -> None:
+    connection.busy = False
+    connection.close()
 
 
 def _translate(exc: BaseException) -> UpstreamTimeout | UpstreamUnavailable:
-    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, TimeoutError):
         return UpstreamTimeout(
             "the upstream did not answer in time; retry with the same Idempotency-Key"
         )
@@ -203,30 +258,41 @@ def _translate(exc: BaseException) -> UpstreamTimeout | UpstreamUnavailable:
 class OpenResponse:
     """An upstream response whose body is still to be read; errors come out translated."""
 
-    def __init__(self, response: aiohttp.ClientResponse, attempts: int = 1) -> None:
-        self._response = response
+    def __init__(self, connection: Connection, read_timeout: float, attempts: int = 1) -> None:
+        self._connection = connection
+        self._read_timeout = read_timeout
         self.attempts = attempts  # connections tried: 1 + connect retries
-        self.status = response.status
-        self.headers = tuple(
-            (name, value)
-            for name, value in response.headers.items()
-            if name.lower() not in HOP_BY_HOP
-        )
-        self.content_type = response.headers.get("Content-Type")
+        self.status = connection.status
+        kept = []
+        raw = []
+        content_type = None
+        for field in connection.headers:
+            raw_name, raw_value = field
+            lowered = raw_name.lower()
+            if lowered in HOP_BY_HOP_BYTES:
+                continue
+            value = raw_value.decode("latin-1")
+            if lowered == b"content-type" and content_type is None:
+                content_type = value
+            kept.append((raw_name.decode("latin-1"), value))
+            raw.append(field)
+        self.headers = tuple(kept)
+        self.raw_headers = tuple(raw)  # as received: what a whole response is relayed with
+        self.content_type = content_type
 
     async def read(self) -> bytes:
         try:
-            return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            return await self._connection.read_all(self._read_timeout)
+        except (TimeoutError, ConnectionError) as exc:
             raise _translate(exc) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives."""
-        content = self._response.content
+        connection = self._connection
         while True:
             try:
-                chunk = await content.readany()
-            except (TimeoutError, aiohttp.ClientError) as exc:
+                chunk = await connection.read_some(self._read_timeout)
+            except (TimeoutError, ConnectionError) as exc:
                 raise _translate(exc) from exc
             if not chunk:
                 return

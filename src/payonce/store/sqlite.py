@@ -93,14 +93,14 @@ _COLUMNS = (
 _CLAIM = """
 INSERT INTO payonce_records
     (tenant, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
-VALUES (:tenant, :key, :fingerprint, 'in_progress', :token, :now, :lease_end, :expires_at)
+VALUES (?1, ?2, ?3, 'in_progress', ?4, ?5, ?6, ?7)
 ON CONFLICT (tenant, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, state = 'in_progress', token = excluded.token,
     created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at, completed_at = NULL, status = NULL, headers = NULL,
     body = NULL, replays = 0, usage = NULL, cost_usd = NULL, stream = 0, events = 0
-WHERE payonce_records.expires_at <= :now
-   OR (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at <= :now
+WHERE payonce_records.expires_at <= ?5
+   OR (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at <= ?5
        AND payonce_records.fingerprint = excluded.fingerprint)
 RETURNING token
 """
@@ -256,15 +256,8 @@ class SQLiteStore:
         # mostly answered from the gateway's replay cache without calling claim.
         now = self._clock.now()
         token = new_token()
-        params = {
-            "tenant": tenant,
-            "key": key,
-            "fingerprint": fingerprint,
-            "token": token,
-            "now": now,
-            "lease_end": now + lease,
-            "expires_at": now + ttl,
-        }
+        # Numbered, not named, parameters: a tuple binds faster than a dict (?5 is now).
+        params = (tenant, key, fingerprint, token, now, now + lease, now + ttl)
         if await self._write(_CLAIM, params, fetch=True) is not None:
             record = Record(
                 tenant=tenant,

@@ -1,0 +1,312 @@
+"""HTTP/1.1 to the one upstream: a pool of keep-alive connections, responses parsed by httptools.
+
+Why not aiohttp's ``ClientSession``: for every call it builds a ``ClientRequest``,
+a ``URL``, a ``CIMultiDict`` of the headers, trace and timer contexts, a
+``ClientResponse`` with its own multidict, and goes through its connector's
+bookkeeping: about a third of the CPU of a keyed first call
+(docs/benchmarks.md, "Where the keyed first call's microseconds go"). A proxy in
+front of one origin needs little of it: a request written as one ``bytes`` from
+the client's header fields as they arrived, and a response parsed by llhttp
+(httptools, the parser uvicorn already runs for the gateway's own side).
+
+What it keeps of aiohttp's behaviour, which the gateway relies on:
+
+* a connect failure (refused, DNS, TLS handshake, ``connect_timeout``) raises
+  :class:`ConnectFailed`: the request provably never left, so it may be retried;
+* after the request was written, a lost connection or a response that is not
+  HTTP/1.1 raises ``ConnectionError`` and a gap of ``read_timeout`` between two
+  reads ``TimeoutError``: ambiguous, never retried here (DESIGN.md);
+* bodies are relayed as received (no decompression), chunked bodies de-chunked,
+  a body without a length read to the connection's end; a HEAD response has no
+  body; 1xx responses are skipped;
+* a connection goes back to the pool only after its response was read to the
+  end and both sides keep it alive; one idle for ``keepalive`` seconds is closed.
+  No cookies, no redirects, no headers of its own but ``Host`` and ``Content-Length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable
+
+import httptools
+
+__all__ = ["ConnectFailed", "Connection", "Pool"]
+
+# Body bytes held for a slow reader before the connection stops reading.
+_HIGH_WATER = 256 * 1024
+# A response head larger than this is not an upstream's (aiohttp refuses lines
+# over 8 KiB); the connection is dropped as broken.
+_MAX_HEAD_BYTES = 256 * 1024
+_BODILESS_STATUSES = (204, 304)
+
+
+class ConnectFailed(ConnectionError):
+    """No connection could be made: nothing was sent (safe to retry)."""
+
+
+class Connection(asyncio.Protocol):
+    """One connection to the upstream; one request at a time, its response parsed as it comes."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self.busy = False  # a request was written and its connection not yet released
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._begin(False)
+
+    def _begin(self, head_only: bool) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.error: BaseException | None = None
+        self._head_only = head_only
+        self._keep_alive = False  # what llhttp said as the message completed
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._buffered = 0
+
+    # -- the request -----------------------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes, head_only: bool) -> None:
+        """Write one request (``head`` ends with the blank line); its response is parsed next."""
+        self._begin(head_only)
+        self.busy = True
+        assert self.transport is not None
+        if body:
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
+
+    async def read_head(self, timeout: float) -> None:
+        """Wait for the response's status line and header fields."""
+        while not self.head_done:
+            await self._wait(timeout)
+
+    def take_body(self) -> bytes:
+        """The body bytes received and not yet taken."""
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        self._body = []
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read_some(self, timeout: float) -> bytes:
+        """What arrives of the body next; ``b""`` once it is complete."""
+        while not self._body:
+            if self.complete:
+                return b""
+            await self._wait(timeout)
+        return self.take_body()
+
+    async def read_all(self, timeout: float) -> bytes:
+        """The rest of the body."""
+        while not self.complete:
+            await self._wait(timeout)
+        return self.take_body()
+
+    @property
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and self.error is None
+            and not self.lost
+            and not self._head_only
+            and self._keep_alive
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _wait(self, timeout: float) -> None:
+        if self.error is not None:
+            raise self.error
+        waiter = self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(timeout, self._time_out, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def _time_out(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError("the upstream sent nothing within the read timeout"))
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self._wake()
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # bytes that answer no request: nothing can follow them
+            self.lost = True
+            self.close()
+            return
+        if not self.head_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._fail(ConnectionError("the upstream's response head is too large"))
+                self.close()
+                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            # Bytes with no request outstanding land here too (a reply to nothing).
+            self._fail(ConnectionError(f"the upstream's response is not valid HTTP/1.1: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._pool.forget(self)
+        if self.head_done and not self.complete and self._until_close():
+            self.complete = True  # a body delimited by the end of the connection
+        self._fail(ConnectionResetError("the upstream closed the connection"))
+
+    def pause_writing(self) -> None:
+        pass  # requests are small, and written whole
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            return  # 100 Continue and the like: the answer follows
+        self.status = status
+        self.head_done = True
+        if self._head_only:
+            self.complete = True  # a HEAD response has no body, whatever it declares
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self._head_only:
+            return
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            # Asked now: llhttp forgets the message's flags once it has ended.
+            self._keep_alive = self._parser.should_keep_alive()
+            self.complete = True
+            self._wake()
+
+    def _until_close(self) -> bool:
+        if self.status in _BODILESS_STATUSES:
+            return False
+        names = {name.lower() for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+
+class Pool:
+    """Idle keep-alive connections to one host, most recently used first."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: bool,
+        connect_timeout: float,
+        keepalive: float = 15.0,
+    ) -> None:
+        self.host, self.port = host, port
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if tls else None
+        self._connect_timeout = connect_timeout
+        self._keepalive = keepalive
+        self._idle: list[Connection] = []
+        self.loop = asyncio.get_running_loop()
+
+    async def acquire(self) -> Connection:
+        """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if not connection.lost:
+                return connection
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, protocol = await self.loop.create_connection(
+                    lambda: Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except TimeoutError as exc:
+            raise ConnectFailed(f"connect timeout ({self._connect_timeout:g}s)") from exc
+        except OSError as exc:  # refused, unreachable, DNS, TLS handshake
+            raise ConnectFailed(str(exc) or exc.__class__.__name__) from exc
+        return protocol
+
+    def release(self, connection: Connection) -> None:
+        """Back to the pool if it can carry another request, else closed."""
+        connection.busy = False
+        if not connection.reusable:
+            connection.close()
+            return
+        now = self.loop.time()
+        connection.idle_since = now
+        idle = self._idle
+        idle.append(connection)
+        # The oldest are at the front: close those idle too long.
+        while idle[0].idle_since < now - self._keepalive:
+            idle.pop(0).close()
+
+    def forget(self, connection: Connection) -> None:
+        if connection in self._idle:
+            self._idle.remove(connection)
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+def request_head(
+    method: str, target: bytes, host: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """The request line and header fields, ``Host`` first and ``Content-Length`` last."""
+    parts = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n"]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    if body or method not in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE"):
+        parts.append(b"content-length: %d\r\n" % len(body))
+    parts.append(b"\r\n")
+    return b"".join(parts)
