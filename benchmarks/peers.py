@@ -26,10 +26,11 @@ Workloads (``--only``, comma-separated: workload1 ... workload4):
    under test and its children (``/proc/PID/stat``) over the timed run / requests.
 2. **The incident**: ``--incident-requests`` business requests, the official openai SDK
    with its default retries (2) and the demo's 10 s timeout, its own key sent
-   (``_idempotency_header``), 50 at once, against a simulator with the demo's latency
-   ``lognormal:p50=4s,p99=30s`` and 1% 500s. Every duration is multiplied by
-   ``--time-scale`` (0.05: p50 0.2 s, p99 1.5 s, timeout 0.5 s). Billed generations per
-   business request, from the simulator's ledger once nothing is generating.
+   (``_idempotency_header``), ``--incident-concurrency`` (25) at once, against a
+   simulator of its own with the demo's latency ``lognormal:p50=4s,p99=30s`` and 1%
+   500s. Every duration is multiplied by ``--time-scale`` (0.05: p50 0.2 s, p99 1.5 s,
+   timeout 0.5 s). Billed generations per business request, from the simulator's
+   ledger once nothing is generating and no request came for a while.
 3. **Concurrent streams**: ``--streams`` streams at once (first token after 100 ms, then
    20 tokens 50 ms apart). Time to first byte and total time, p50 and p99, as added to
    direct's in the same round; peak RSS of the process under test.
@@ -117,6 +118,7 @@ class Options:
     connections: int
     replay_keys: int
     incident_requests: int
+    incident_concurrency: int
     time_scale: float
     streams: int
     calls: int
@@ -141,6 +143,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--connections", type=int, default=32, help="workload 1: wrk -c")
     parser.add_argument("--replay-keys", type=int, default=100)
     parser.add_argument("--incident-requests", type=int, default=2000)
+    parser.add_argument(
+        "--incident-concurrency",
+        type=int,
+        default=25,
+        help="workload 2: business requests at once (LiteLLM's one core saturates near 50)",
+    )
     parser.add_argument("--time-scale", type=float, default=0.05, help="workload 2")
     parser.add_argument("--streams", type=int, default=200, help="workload 3")
     parser.add_argument("--calls", type=int, default=5000, help="workload 4")
@@ -171,6 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         connections=args.connections,
         replay_keys=args.replay_keys,
         incident_requests=args.incident_requests,
+        incident_concurrency=args.incident_concurrency,
         time_scale=args.time_scale,
         streams=args.streams,
         calls=args.calls,
@@ -680,7 +689,7 @@ def workload2(stack: Stack) -> dict[str, Any]:
                     "model": endpoint.model,
                     "timeout": timeout,
                     "time_scale": options.time_scale,
-                    "concurrency": 50,
+                    "concurrency": options.incident_concurrency,
                     "count": options.incident_requests,
                 }
                 started = time.monotonic()
@@ -761,6 +770,15 @@ def _call_stats(results: Sequence[Sequence[Any]]) -> dict[str, Any]:
     }
 
 
+def _cpu(endpoint: Endpoint, before: float, started: float, calls: int) -> dict[str, float]:
+    """CPU of the process under test since ``before``: per call, and as cores busy."""
+    spent = go.cpu_us(endpoint.service.pid) - before
+    return {
+        "cpu_us_per_call": spent / calls,
+        "cores_busy": spent / 1e6 / (time.monotonic() - started),
+    }
+
+
 def _added(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     for key in ("ttfb_p50_ms", "ttfb_p99_ms", "total_p50_ms", "total_p99_ms"):
         if row.get(key) is not None and base.get(key) is not None:
@@ -781,9 +799,11 @@ def workload3(stack: Stack) -> dict[str, Any]:
             for endpoint in found:
                 job = _calls_job(endpoint, options.streams, 2000.0, stream=True, seconds=0.1,
                                  token_ms=50, tokens=20, timeout=120)  # fmt: skip
+                cpu_before, started = go.cpu_us(endpoint.service.pid), time.monotonic()
                 with Sampler(endpoint.service.pid) as sampler:
                     (document,) = run_load(job, stack.workdir)
                 row = _call_stats(document["results"])
+                row |= _cpu(endpoint, cpu_before, started, options.streams)
                 row["rss_before_mib"] = sampler.before / 2**20
                 row["rss_peak_mib"] = sampler.peak / 2**20
                 row["load"] = load_average()[0]
@@ -825,12 +845,14 @@ def workload4(stack: Stack) -> dict[str, Any]:
                            stream=False, seconds=seconds, token_ms=0, tokens=16,
                            timeout=seconds * 4 + 60),
             ]  # fmt: skip
+            cpu_before, started = go.cpu_us(endpoint.service.pid), time.monotonic()
             with (
                 Sampler(endpoint.service.pid, every=0.25) as sampler,
                 concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool,
             ):
                 documents = list(pool.map(functools.partial(run_load, workdir=stack.workdir), jobs))
             row: dict[str, Any] = {"calls": options.calls}
+            row |= _cpu(endpoint, cpu_before, started, options.calls)
             for label, docs in zip(("stream", "whole"), documents, strict=True):
                 results = [r for doc in docs for r in doc["results"]]
                 row[label] = _call_stats(results)
@@ -846,7 +868,7 @@ def workload4(stack: Stack) -> dict[str, Any]:
                 f" stream TTFB p99 {row['stream']['ttfb_p99_ms'] or 0:.0f} ms,"
                 f" whole TTFB p99 {row['whole']['ttfb_p99_ms'] or 0:.0f} ms,"
                 f" RSS {row['rss_before_mib']:.0f} -> {row['rss_peak_mib']:.0f} MiB,"
-                f" fds {row['peak_fds']}",
+                f" fds {row['peak_fds']}, {row['cores_busy']:.2f} cores busy",
                 flush=True,
             )
     base = rows.get("direct", [{}])[0]

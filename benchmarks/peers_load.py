@@ -55,12 +55,23 @@ async def _one_call(
     try:
         async with session.post(job["url"], data=job["body"], headers=headers) as answer:
             status = answer.status
+            first = b""
             async for chunk in answer.content.iter_any():
                 if ttfb is None and chunk:
-                    ttfb = time.perf_counter() - started
-        results[index] = [status, ttfb, time.perf_counter() - started, ""]
+                    ttfb, first = time.perf_counter() - started, chunk
+        # A refusal says why (a problem+json's title and detail): the report counts reasons.
+        reason = "" if status == 200 else f"status {status}: {_why(first)}"
+        results[index] = [status, ttfb, time.perf_counter() - started, reason]
     except Exception as exc:  # a failed call is a result, not a crash of the run
         results[index] = [status, ttfb, time.perf_counter() - started, type(exc).__name__]
+
+
+def _why(body: bytes) -> str:
+    try:
+        problem = json.loads(body)
+        return f"{problem.get('title', '')}: {problem.get('detail', '')}"[:160]
+    except ValueError:
+        return body[:160].decode(errors="replace")
 
 
 async def calls(job: dict[str, Any]) -> dict[str, Any]:

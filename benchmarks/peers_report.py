@@ -90,8 +90,9 @@ def table(report: dict[str, Any]) -> str:
     if "workload3" in results:
         streams = report["options"]["streams"]
         out += ["", f"| system ({streams} streams) | answered | TTFB p50 ms | TTFB p99 ms"]
-        out[-1] += " | added TTFB p99 ms | total p99 ms | added total p99 ms | peak RSS MiB |"
-        out += ["|---|--:|--:|--:|--:|--:|--:|--:|"]
+        out[-1] += " | added TTFB p99 ms | total p99 ms | added total p99 ms | peak RSS MiB"
+        out[-1] += " | CPU ms per stream |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload3"].items():
             out.append(
                 f"| {name} | {_range(row['answered'], '.0f')} | {_range(row['ttfb_p50_ms'], '.1f')}"
@@ -99,15 +100,16 @@ def table(report: dict[str, Any]) -> str:
                 f" | {_range(row.get('added_ttfb_p99_ms'), '.1f')}"
                 f" | {_range(row['total_p99_ms'], '.0f')}"
                 f" | {_range(row.get('added_total_p99_ms'), '.0f')}"
-                f" | {_range(row['rss_peak_mib'], '.0f')} |"
+                f" | {_range(row['rss_peak_mib'], '.0f')}"
+                f" | {_range(row.get('cpu_us_per_call'), '.2f', 1e-3)} |"
             )
     if "workload4" in results:
         calls = report["options"]["calls"]
         seconds = report["options"]["call_seconds"]
         out += ["", f"| system ({calls} calls of {seconds} s) | answered | stream TTFB p99 ms"]
         out[-1] += " (added) | whole TTFB p99 ms (added) | RSS idle → peak MiB | KiB per call"
-        out[-1] += " | peak fds |"
-        out += ["|---|--:|--:|--:|--:|--:|--:|"]
+        out[-1] += " | peak fds | CPU ms per call | cores busy |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload4"].items():
             stream, whole = row["stream"], row["whole"]
             out.append(
@@ -117,7 +119,8 @@ def table(report: dict[str, Any]) -> str:
                 f" | {_value(whole['ttfb_p99_ms'], ',.0f')}"
                 f" ({_value(whole.get('added_ttfb_p99_ms'), '+.1f')})"
                 f" | {row['rss_before_mib']:.0f} → {row['rss_peak_mib']:.0f}"
-                f" | {row['rss_per_call_kib']:.1f} | {row['peak_fds']} |"
+                f" | {row['rss_per_call_kib']:.1f} | {row['peak_fds']}"
+                f" | {row['cpu_us_per_call'] / 1000:.2f} | {row['cores_busy']:.2f} |"
             )
     loads = report.get("load_average", {})
     out += ["", "load average (1, 5, 15 min): "]
@@ -150,12 +153,13 @@ def _panel(
 
         ticks = [10.0**power for power in range(first, last + 1)]
     else:
-        top_value = max(1.0, high * 1.1)
+        step = 0.5 if high <= 4 else 10 ** math.floor(math.log10(high))
+        top_value = step * math.ceil(max(1.0, high) * 1.05 / step)
 
         def x(value: float) -> float:
             return _LEFT + width * value / top_value
 
-        ticks = [top_value * share for share in (0, 0.25, 0.5, 0.75, 1.0)]
+        ticks = [step * n for n in range(round(top_value / step) + 1)]
     y = top + 28
     for name, row in rows:
         median = row.get("median")
@@ -179,7 +183,7 @@ def _panel(
             f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="{top + 24}" y2="{y}"'
             ' stroke="#bbb" stroke-dasharray="2,3"/>'
         )
-        text = f"{tick:g}" if log else f"{tick:.2g}"
+        text = f"{tick:g}"
         parts.append(f'<text x="{x(tick):.1f}" y="{y + 14}" text-anchor="middle">{text}</text>')
     return parts, y - top + 30
 
@@ -191,7 +195,16 @@ def _colour(name: str) -> str:
         return "#4caf50"
     if name.startswith("litellm"):
         return "#d9534f"
+    if name.startswith("portkey"):
+        return "#f0a030"
     return "#999"
+
+
+def _chart_name(name: str) -> str:
+    system, load = name.split(" ")
+    if system == "direct":
+        return "the simulator itself (direct)"
+    return f"{system} {LOADS[load]}"
 
 
 def svg(report: dict[str, Any]) -> str:
@@ -199,10 +212,7 @@ def svg(report: dict[str, Any]) -> str:
     results = report["results"]
     parts: list[str] = []
     top = 10.0
-    cpu = [
-        (f"{name.split(' ')[0]} {LOADS[name.split(' ')[1]]}", row["cpu_us"])
-        for name, row in results.get("workload1", {}).items()
-    ]
+    cpu = [(_chart_name(name), row["cpu_us"]) for name, row in results.get("workload1", {}).items()]
     if cpu:
         title = "CPU per request, µs (log scale; zero-latency upstream, median of rounds, min-max)"
         panel, height = _panel(title, cpu, top, log=True, unit="µs")
