@@ -238,6 +238,20 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def runq_wait_s(pid: int) -> float:
+    """Seconds ``pid``'s threads (and children's) were runnable but waited for a core.
+
+    From /proc/PID/task/TID/schedstat: on a shared machine, the time other
+    programs took from the process under test (the noise of a wall-clock figure).
+    """
+    waited = 0
+    for member in go.process_tree(pid):
+        for task in Path(f"/proc/{member}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                waited += int((task / "schedstat").read_text().split()[1])
+    return waited / 1e9
+
+
 def open_fds(pid: int) -> int:
     with contextlib.suppress(OSError):
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -643,13 +657,13 @@ def workload1(stack: Stack) -> dict[str, Any]:
                 name = f"{endpoint.system} {kind}"
                 if options.warmup:
                     wrk(stack, endpoint, kind, keys, options.warmup)
-                pid = endpoint.service.pid
-                before = go.cpu_us(pid)
+                usage = Usage.now(endpoint.service.pid)
                 result = wrk(stack, endpoint, kind, keys, options.duration)
-                spent = go.cpu_us(pid) - before
+                used = usage.since(result.requests)
                 row = {
                     "rps": result.rps,
-                    "cpu_us": spent / result.requests if result.requests else None,
+                    "cpu_us": used["cpu_us_per_call"] if result.requests else None,
+                    "runq_wait": used["runq_wait"],
                     "p50_ms": result.p50_us / 1000,
                     "p99_ms": result.p99_us / 1000,
                     "requests": result.requests,
@@ -770,13 +784,29 @@ def _call_stats(results: Sequence[Sequence[Any]]) -> dict[str, Any]:
     }
 
 
-def _cpu(endpoint: Endpoint, before: float, started: float, calls: int) -> dict[str, float]:
-    """CPU of the process under test since ``before``: per call, and as cores busy."""
-    spent = go.cpu_us(endpoint.service.pid) - before
-    return {
-        "cpu_us_per_call": spent / calls,
-        "cores_busy": spent / 1e6 / (time.monotonic() - started),
-    }
+@dataclass(frozen=True)
+class Usage:
+    """The process under test's CPU and run-queue wait when a measurement starts."""
+
+    pid: int
+    cpu_us: float
+    waited_s: float
+    started: float
+
+    @classmethod
+    def now(cls, pid: int) -> Usage:
+        return cls(pid, go.cpu_us(pid), runq_wait_s(pid), time.monotonic())
+
+    def since(self, calls: int) -> dict[str, float]:
+        """CPU per call, cores busy, and the share of the wall time it waited for a core."""
+        spent = go.cpu_us(self.pid) - self.cpu_us
+        wall = time.monotonic() - self.started
+        waited = runq_wait_s(self.pid) - self.waited_s
+        return {
+            "cpu_us_per_call": spent / calls if calls else 0.0,
+            "cores_busy": spent / 1e6 / wall,
+            "runq_wait": waited / wall,
+        }
 
 
 def _added(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -799,11 +829,11 @@ def workload3(stack: Stack) -> dict[str, Any]:
             for endpoint in found:
                 job = _calls_job(endpoint, options.streams, 2000.0, stream=True, seconds=0.1,
                                  token_ms=50, tokens=20, timeout=120)  # fmt: skip
-                cpu_before, started = go.cpu_us(endpoint.service.pid), time.monotonic()
+                usage = Usage.now(endpoint.service.pid)
                 with Sampler(endpoint.service.pid) as sampler:
                     (document,) = run_load(job, stack.workdir)
                 row = _call_stats(document["results"])
-                row |= _cpu(endpoint, cpu_before, started, options.streams)
+                row |= usage.since(options.streams)
                 row["rss_before_mib"] = sampler.before / 2**20
                 row["rss_peak_mib"] = sampler.peak / 2**20
                 row["load"] = load_average()[0]
@@ -845,14 +875,14 @@ def workload4(stack: Stack) -> dict[str, Any]:
                            stream=False, seconds=seconds, token_ms=0, tokens=16,
                            timeout=seconds * 4 + 60),
             ]  # fmt: skip
-            cpu_before, started = go.cpu_us(endpoint.service.pid), time.monotonic()
+            usage = Usage.now(endpoint.service.pid)
             with (
                 Sampler(endpoint.service.pid, every=0.25) as sampler,
                 concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool,
             ):
                 documents = list(pool.map(functools.partial(run_load, workdir=stack.workdir), jobs))
             row: dict[str, Any] = {"calls": options.calls}
-            row |= _cpu(endpoint, cpu_before, started, options.calls)
+            row |= usage.since(options.calls)
             for label, docs in zip(("stream", "whole"), documents, strict=True):
                 results = [r for doc in docs for r in doc["results"]]
                 row[label] = _call_stats(results)
@@ -868,7 +898,8 @@ def workload4(stack: Stack) -> dict[str, Any]:
                 f" stream TTFB p99 {row['stream']['ttfb_p99_ms'] or 0:.0f} ms,"
                 f" whole TTFB p99 {row['whole']['ttfb_p99_ms'] or 0:.0f} ms,"
                 f" RSS {row['rss_before_mib']:.0f} -> {row['rss_peak_mib']:.0f} MiB,"
-                f" fds {row['peak_fds']}, {row['cores_busy']:.2f} cores busy",
+                f" fds {row['peak_fds']}, {row['cores_busy']:.2f} cores busy,"
+                f" waited for a core {row['runq_wait']:.0%} of the time",
                 flush=True,
             )
     base = rows.get("direct", [{}])[0]

@@ -63,8 +63,9 @@ def table(report: dict[str, Any]) -> str:
     results, out = report["results"], []
     nginx = _median(results.get("workload1", {}), "nginx first", "cpu_us")
     if "workload1" in results:
-        out += ["", "| system | load | CPU µs/request | xnginx | requests/s | p50 ms | p99 ms |"]
-        out += ["|---|---|--:|--:|--:|--:|--:|"]
+        out += ["", "| system | load | CPU µs/request | xnginx | requests/s | p50 ms | p99 ms"]
+        out[-1] += " | waited for a core |"
+        out += ["|---|---|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload1"].items():
             system, load = name.split(" ")
             cpu = row["cpu_us"]["median"]
@@ -72,7 +73,7 @@ def table(report: dict[str, Any]) -> str:
             out.append(
                 f"| {system} | {LOADS[load]} | {_range(row['cpu_us'], ',.0f')} | {times}"
                 f" | {_range(row['rps'], ',.0f')} | {_range(row['p50_ms'], '.1f')}"
-                f" | {_range(row['p99_ms'], '.1f')} |"
+                f" | {_range(row['p99_ms'], '.1f')} | {_range(row.get('runq_wait'), '.0%')} |"
             )
         for what, ratio, target in ratios(report):
             out.append(f"\n{what}: **{ratio:.1f}x** (target {target})")
@@ -108,8 +109,8 @@ def table(report: dict[str, Any]) -> str:
         seconds = report["options"]["call_seconds"]
         out += ["", f"| system ({calls} calls of {seconds} s) | answered | stream TTFB p99 ms"]
         out[-1] += " (added) | whole TTFB p99 ms (added) | RSS idle → peak MiB | KiB per call"
-        out[-1] += " | peak fds | CPU ms per call | cores busy |"
-        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        out[-1] += " | peak fds | CPU ms per call | cores busy | waited for a core |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload4"].items():
             stream, whole = row["stream"], row["whole"]
             out.append(
@@ -120,7 +121,8 @@ def table(report: dict[str, Any]) -> str:
                 f" ({_value(whole.get('added_ttfb_p99_ms'), '+.1f')})"
                 f" | {row['rss_before_mib']:.0f} → {row['rss_peak_mib']:.0f}"
                 f" | {row['rss_per_call_kib']:.1f} | {row['peak_fds']}"
-                f" | {row['cpu_us_per_call'] / 1000:.2f} | {row['cores_busy']:.2f} |"
+                f" | {row['cpu_us_per_call'] / 1000:.2f} | {row['cores_busy']:.2f}"
+                f" | {row.get('runq_wait', 0):.0%} |"
             )
     loads = report.get("load_average", {})
     out += ["", "load average (1, 5, 15 min): "]

@@ -1,28 +1,36 @@
-"""Thousands of calls in flight need thousands of descriptors (issue 19, workload 4).
+"""Thousands of keyed calls in flight on one worker (issue 19, workload 4).
 
-Each keyed call in flight holds two sockets in the gateway (the client's and the
-upstream's) and one in the simulator. Started under a shell's usual soft limit
-(1024; 256 here, to keep the test small), the gateway answered 502 or reset the
-connection once the limit was reached, although the hard limit allowed far more.
-Both processes now raise their soft limit to the hard one at startup, as nginx
-(``worker_rlimit_nofile``) and Go programs do.
+* Descriptors: each keyed call in flight holds two sockets in the gateway (the
+  client's and the upstream's) and one in the simulator. Started under a shell's
+  usual soft limit (1024; 256 here, to keep the test small), the gateway answered
+  502 or reset the connection once the limit was reached, although the hard limit
+  allowed far more. Both processes now raise their soft limit to the hard one at
+  startup, as nginx (``worker_rlimit_nofile``) and Go programs do.
+* Accept queue: the simulator listened with aiohttp's backlog of 128.
+* Redis connections: redis-py 8's pool holds at most 100 connections and then
+  fails the command ("Too many connections"): 5,000 concurrent calls on a busy
+  machine got 289 503s. A Redis that stalls for a moment (paused here) makes the
+  same pile-up: every event-loop turn's pipeline waits on its own connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
+import signal
 import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.support.processes import Process, _wait_ready, free_port
+from tests.support.redis import running_redis
 
 SOFT = 256
 CALLS = 300  # more sockets than SOFT allows: 600 in the gateway, 300 in the sim
@@ -67,27 +75,37 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proces
         sim.stop()
 
 
-async def _concurrent_calls(url: str, count: int) -> Counter[object]:
+async def _concurrent_calls(
+    url: str,
+    count: int,
+    delay_ms: int = 1500,
+    during: Callable[[], Awaitable[None]] | None = None,
+    spacing: float = 0.0,
+) -> Counter[object]:
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def one() -> object:
+        async def one(index: int) -> object:
+            await asyncio.sleep(index * spacing)
             headers = {
                 "Authorization": "Bearer sk-open-files",
                 "Idempotency-Key": f"fd-{uuid.uuid4()}",
-                "X-Sim-Delay-Ms": "1500",  # long enough for all of them to be in flight
+                "X-Sim-Delay-Ms": str(delay_ms),  # long enough for all to be in flight
             }
             try:
                 async with session.post(
                     f"{url}/v1/chat/completions", json=BODY, headers=headers
                 ) as r:
-                    await r.read()
-                    return r.status
+                    body = await r.text()
             except aiohttp.ClientError as exc:
                 return type(exc).__name__
+            return r.status if r.status == 200 else f"{r.status}: {body[:120]}"
 
-        return Counter(await asyncio.gather(*(one() for _ in range(count))))
+        calls = asyncio.gather(*(one(index) for index in range(count)))
+        if during is not None:
+            await during()
+        return Counter(await calls)
 
 
 async def test_the_simulator_holds_more_calls_than_its_inherited_soft_limit(
@@ -121,3 +139,32 @@ def test_a_burst_of_connections_fits_in_the_simulators_accept_queue(
     sim, gateway = processes
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
     assert _listen_backlog(sim.url) == min(2048, somaxconn) == _listen_backlog(gateway.url)
+
+
+async def test_a_stalled_redis_does_not_exhaust_the_gateways_connection_pool(
+    processes: tuple[Process, Process], tmp_path: Path
+) -> None:
+    sim, _ = processes
+    with running_redis(tmp_path) as redis:
+        args = ["serve", "--upstream", sim.url, "--store", redis.url, "--no-otel"]
+        gateway = _start(args, "/_payonce/health", tmp_path, low_limit=False)
+        try:
+            assert redis.popen is not None
+            pid = redis.popen.pid
+
+            async def stall() -> None:
+                try:
+                    await asyncio.sleep(1.5)  # the claims arrive, pipeline after pipeline
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+
+            # One call first: the store connects and learns its scripts before the stall.
+            assert await _concurrent_calls(gateway.url, 1, delay_ms=0) == Counter({200: 1})
+            os.kill(pid, signal.SIGSTOP)
+            # Arriving over the stall, not at once: each loop turn's claims are a pipeline.
+            answers = await _concurrent_calls(
+                gateway.url, CALLS, delay_ms=100, during=stall, spacing=1.2 / CALLS
+            )
+        finally:
+            gateway.stop()
+    assert answers == Counter({200: CALLS})
