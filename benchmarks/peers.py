@@ -26,10 +26,10 @@ Workloads (``--only``, comma-separated: workload1 ... workload4):
    under test and its children (``/proc/PID/stat``) over the timed run / requests.
 2. **The incident**: ``--incident-requests`` business requests, the official openai SDK
    with its default retries (2) and the demo's 10 s timeout, its own key sent
-   (``_idempotency_header``), ``--incident-concurrency`` (25) at once, against a
+   (``_idempotency_header``), ``--incident-concurrency`` (50) at once, against a
    simulator of its own with the demo's latency ``lognormal:p50=4s,p99=30s`` and 1%
-   500s. Every duration is multiplied by ``--time-scale`` (0.05: p50 0.2 s, p99 1.5 s,
-   timeout 0.5 s). Billed generations per business request, from the simulator's
+   500s. Every duration is multiplied by ``--time-scale`` (0.1, the demo's: p50 0.4 s,
+   p99 3 s, timeout 1 s). Billed generations per business request, from the simulator's
    ledger once nothing is generating and no request came for a while.
 3. **Concurrent streams**: ``--streams`` streams at once (first token after 100 ms, then
    20 tokens 50 ms apart). Time to first byte and total time, p50 and p99, as added to
@@ -146,10 +146,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--incident-concurrency",
         type=int,
-        default=25,
-        help="workload 2: business requests at once (LiteLLM's one core saturates near 50)",
+        default=50,
+        help="workload 2: business requests at once (the demo's 50)",
     )
-    parser.add_argument("--time-scale", type=float, default=0.05, help="workload 2")
+    parser.add_argument(
+        "--time-scale", type=float, default=0.1, help="workload 2: durations x this (the demo's)"
+    )
     parser.add_argument("--streams", type=int, default=200, help="workload 3")
     parser.add_argument("--calls", type=int, default=5000, help="workload 4")
     parser.add_argument("--call-seconds", type=int, default=30, help="workload 4")
@@ -706,8 +708,9 @@ def workload2(stack: Stack) -> dict[str, Any]:
                     "concurrency": options.incident_concurrency,
                     "count": options.incident_requests,
                 }
-                started = time.monotonic()
+                started, usage = time.monotonic(), Usage.now(endpoint.service.pid)
                 (document,) = run_load(job, stack.workdir)
+                used = usage.since(options.incident_requests)
                 book = wait_quiet(sim_url, settle=max(1.0, 20 * options.time_scale))
                 outcomes = document["outcomes"]
                 row = {
@@ -720,6 +723,9 @@ def workload2(stack: Stack) -> dict[str, Any]:
                     "p99_s": percentile(document["latencies"], 0.99),
                     "seconds": time.monotonic() - started,
                     "still_generating": book["generating"],
+                    "cpu_us_per_request": used["cpu_us_per_call"],
+                    "cores_busy": used["cores_busy"],
+                    "runq_wait": used["runq_wait"],
                     "load": load_average()[0],
                 }
                 rows.setdefault(endpoint.system, []).append(row)
@@ -730,6 +736,7 @@ def workload2(stack: Stack) -> dict[str, Any]:
                     flush=True,
                 )
     numeric = ("billed", "billed_per_request", "upstream_requests", "answered", "p50_s", "p99_s")
+    numeric += ("cpu_us_per_request", "cores_busy", "runq_wait")
     return {
         name: {key: summary([row[key] for row in runs]) for key in numeric} | {"rounds": runs}
         for name, runs in rows.items()

@@ -29,10 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx2
-import openai
-
-from payonce.demo.application import ScaledAsyncOpenAI
 
 
 def raise_nofile() -> int:
@@ -92,6 +88,12 @@ async def calls(job: dict[str, Any]) -> dict[str, Any]:
 
 
 async def incident(job: dict[str, Any]) -> dict[str, Any]:
+    # Imported here: the SDK takes seconds to import on a busy core, and "calls" needs none of it.
+    import httpx2
+    import openai
+
+    from payonce.demo.application import ScaledAsyncOpenAI
+
     client = ScaledAsyncOpenAI(
         base_url=job["base_url"],
         api_key=job["api_key"],

@@ -80,13 +80,16 @@ def table(report: dict[str, Any]) -> str:
     if "workload2" in results:
         requests = report["options"]["incident_requests"]
         out += ["", f"| system | billed generations per business request ({requests})"]
-        out[-1] += " | billed | upstream requests | answered | answered p99 s |"
-        out += ["|---|--:|--:|--:|--:|--:|"]
+        out[-1] += " | billed | upstream requests | answered | answered p99 s | cores busy"
+        out[-1] += " | waited for a core |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload2"].items():
             out.append(
                 f"| {name} | {_range(row['billed_per_request'], '.3f')}"
                 f" | {_range(row['billed'], '.0f')} | {_range(row['upstream_requests'], '.0f')}"
-                f" | {_range(row['answered'], '.0f')} | {_range(row['p99_s'], '.2f')} |"
+                f" | {_range(row['answered'], '.0f')} | {_range(row['p99_s'], '.2f')}"
+                f" | {_range(row.get('cores_busy'), '.2f')}"
+                f" | {_range(row.get('runq_wait'), '.0%')} |"
             )
     if "workload3" in results:
         streams = report["options"]["streams"]
