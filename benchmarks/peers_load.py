@@ -65,9 +65,11 @@ async def _one_call(
 def _why(body: bytes) -> str:
     try:
         problem = json.loads(body)
-        return f"{problem.get('title', '')}: {problem.get('detail', '')}"[:160]
     except ValueError:
-        return body[:160].decode(errors="replace")
+        problem = None
+    if isinstance(problem, dict) and "title" in problem:
+        return f"{problem['title']}: {problem.get('detail', '')}"[:160]
+    return body[:160].decode(errors="replace")
 
 
 async def calls(job: dict[str, Any]) -> dict[str, Any]:
