@@ -95,8 +95,8 @@ def table(report: dict[str, Any]) -> str:
         streams = report["options"]["streams"]
         out += ["", f"| system ({streams} streams) | answered | TTFB p50 ms | TTFB p99 ms"]
         out[-1] += " | added TTFB p99 ms | total p99 ms | added total p99 ms | peak RSS MiB"
-        out[-1] += " | CPU ms per stream |"
-        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        out[-1] += " | CPU ms per stream | waited for a core |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload3"].items():
             out.append(
                 f"| {name} | {_range(row['answered'], '.0f')} | {_range(row['ttfb_p50_ms'], '.1f')}"
@@ -105,7 +105,8 @@ def table(report: dict[str, Any]) -> str:
                 f" | {_range(row['total_p99_ms'], '.0f')}"
                 f" | {_range(row.get('added_total_p99_ms'), '.0f')}"
                 f" | {_range(row['rss_peak_mib'], '.0f')}"
-                f" | {_range(row.get('cpu_us_per_call'), '.2f', 1e-3)} |"
+                f" | {_range(row.get('cpu_us_per_call'), '.2f', 1e-3)}"
+                f" | {_range(row.get('runq_wait'), '.0%')} |"
             )
     if "workload4" in results:
         calls = report["options"]["calls"]
