@@ -29,6 +29,7 @@ from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
+from payonce.open_files import raise_open_files_limit
 from payonce.store import Codec, Sealing, open_store
 from payonce.store.redis import redacted
 from payonce.store.sealing import PLAIN, load_keys
@@ -243,6 +244,7 @@ def run(
     worker: WorkerLink | None = None,
 ) -> None:
     """Blocking entry point used by ``payonce serve`` (and by each of its ``--workers``)."""
+    raise_open_files_limit()
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from payonce.clock import Clock
 from payonce.errors import ConfigError
+from payonce.open_files import raise_open_files_limit
 from payonce.sim.app import build_app
 from payonce.sim.config import SimConfig, describe_token_interval
 
@@ -19,10 +20,12 @@ __all__ = ["SHUTDOWN_SECONDS", "run", "serve"]
 # Generations still running at shutdown get this long to finish (and be billed);
 # past it they are cancelled and never billed, like a provider replica going away.
 SHUTDOWN_SECONDS = 2.0
+LISTEN_BACKLOG = 2048
 
 
 def run(config: SimConfig) -> None:
     """Serve ``config`` on uvloop when it is installed, else on the default event loop."""
+    raise_open_files_limit()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve(config))
 
@@ -46,7 +49,9 @@ async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        # A burst of thousands of connections (a benchmark's, a gateway's) must not
+        # overflow the accept queue: aiohttp's default backlog is 128; uvicorn's 2048.
+        site = web.TCPSite(runner, config.host, config.port, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except OSError as exc:

@@ -125,16 +125,19 @@ class RedisStore:
         # it hides pooled connections that a server restart broke, and adds no
         # wait when the server is really down. Timeouts are not retried.
         retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        # redis-py 8's pools (a server's, and each cluster node's) allow 100
+        # connections and then fail the command ("Too many connections"): each
+        # event-loop turn's pipeline holds one until Redis answers, so thousands of
+        # calls in flight against a Redis slow for a moment got 503s. Redis's own
+        # default maxclients is 10,000.
         options: dict[str, Any] = {
             "socket_timeout": config.timeout,
             "socket_connect_timeout": config.timeout,
             "retry": retry,
+            "max_connections": 10_000,
         }
         self._client: Redis | RedisCluster
         if config.cluster:
-            # redis-py's cluster client allows 100 connections per node and then
-            # fails commands; a single server's pool has no such limit. Match it.
-            options["max_connections"] = 10_000
             self._client = RedisCluster.from_url(config.url, **options)
             self._publish = b"SPUBLISH"
         else:

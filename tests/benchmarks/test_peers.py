@@ -1,0 +1,68 @@
+"""``benchmarks/peers.py`` in its smallest form, so that the script cannot rot.
+
+Only the cheap parts: the simulator and payonce on SQLite, a few hundred requests
+(workload 1 with wrk, the incident, a few hundred long calls). Nothing here bounds a
+timing: the checks are the counts the benchmark publishes (every call answered,
+one billed generation per business request through payonce) and that its table,
+JSON and chart are written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.apt import installed
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS = 60
+CALLS = 100
+
+
+def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
+    installed(["wrk"], "wrk", required=True)
+    output, chart = tmp_path / "peers.json", tmp_path / "peers.svg"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--no-install"),
+            *("--only", "workload1,workload2,workload4", "--systems", "payonce-sqlite"),
+            *("--duration", "1", "--warmup", "0", "--replay-keys", "5"),
+            *("--incident-requests", str(REQUESTS), "--time-scale", "0.05"),
+            *("--calls", str(CALLS)),
+            *("--call-seconds", "2", "--json", str(output), "--svg", str(chart)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    results = report["results"]
+
+    throughput = results["workload1"]
+    assert set(throughput) == {
+        "payonce-sqlite nokey",
+        "payonce-sqlite first",
+        "payonce-sqlite replay",
+    }
+    for row in throughput.values():
+        assert row["cpu_us"]["median"] > 0
+        assert all(run["errors"] == 0 for run in row["rounds"])
+
+    incident = results["workload2"]["payonce-sqlite"]["rounds"]
+    assert [run["billed"] for run in incident] == [REQUESTS]
+
+    for system in ("direct", "payonce-sqlite"):  # direct: the baseline of the added TTFB
+        assert results["workload4"][system]["answered"] == CALLS
+    assert results["workload4"]["payonce-sqlite"]["rss_per_call_kib"] > 0
+
+    assert "| payonce-sqlite | keyed first call |" in done.stdout
+    assert chart.read_text().startswith("<svg") and "payonce-sqlite" in chart.read_text()
