@@ -56,6 +56,7 @@ from payonce.gateway.asgi import (
     send_response,
 )
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
+from payonce.gateway.housekeeping import housekeeping
 from payonce.gateway.keys import (
     ANONYMOUS,
     DEFAULT_CREDENTIAL_HEADERS,
@@ -92,14 +93,8 @@ log = logging.getLogger("payonce.gateway")
 
 _JOINED = (b"idempotent-replayed", b"true")
 _NOT_REPLAYED = (b"idempotent-replayed", b"false")
-_REPLAY_FLUSH_SECONDS = 1.0
 # What OPTIONS * (a question about the server itself, RFC 9110 section 9.3.7) is told.
 _ALLOW = (b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-# A purge round deletes at most this many expired records (on SQLite about a
-# second of small chunks, the loop serving requests in between); a round that
-# reached it is followed by the next a second later, not a whole interval.
-_PURGE_ROUND = 100_000
-_PURGE_AGAIN_SECONDS = 1.0
 
 
 async def _send_replay(send: Send, replay: CachedReplay) -> None:
@@ -560,45 +555,15 @@ class Gateway:
 
     async def background(self) -> None:
         """The gateway's housekeeping: lease renewal, replay counts, purging expired records."""
-        loops = [
+        await housekeeping(
             renew_leases(self.store, self.running, self.settings.lease),
-            self._flush_replay_counts(),
-            self._purge_expired(min(60.0, self.settings.ttl / 10)),
-            self._retry_pending_writes(),
-        ]
-        await asyncio.gather(*loops)
-
-    async def _retry_pending_writes(self) -> None:
-        # Every half second while writes wait: one failed attempt ends the round.
-        while True:
-            await asyncio.sleep(0.5)
-            if len(self.pending):
-                await self.pending.retry()
-
-    async def _flush_replay_counts(self) -> None:
-        # Once a second: replay counts to the store, call log lines to their file,
-        # and expired replays out of memory (no request may ever ask for them).
-        while True:
-            await asyncio.sleep(_REPLAY_FLUSH_SECONDS)
-            if self.observer.call_log is not None:
-                self.observer.call_log.flush()
-            self.replays.evict_expired()
-            await self.replay_counts.flush(self.store)
-
-    async def _purge_expired(self, every: float) -> None:
-        pause = every
-        while True:
-            await asyncio.sleep(pause)
-            pause = every
-            try:
-                purged = await self.store.purge_expired(_PURGE_ROUND)
-            except ProblemError as exc:
-                log.warning("purging expired records failed: %s", exc)
-                continue
-            if purged:
-                log.debug("purged %d expired records", purged)
-            if purged >= _PURGE_ROUND:  # a backlog: keep at it
-                pause = min(every, _PURGE_AGAIN_SECONDS)
+            self.store,
+            self.pending,
+            self.replays,
+            self.replay_counts,
+            self.observer.call_log,
+            purge_every=min(60.0, self.settings.ttl / 10),
+        )
 
     async def drain(self, grace: float, housekeeping: asyncio.Task[Any] | None = None) -> None:
         """At shutdown: let keyed runs finish for up to ``grace`` seconds, then cancel them.

@@ -13,10 +13,9 @@ from ``payonce_requests_total{outcome}``. Cost per successful call:
 One process (``payonce serve``): the metrics live in memory and are counted
 into prometheus-client at scrape time (:class:`_Deferred`). Several
 (``--workers N``): each worker's metrics live in prometheus-client's
-multiprocess files in a directory the supervisor made (``Metrics(shared=DIR)``);
-each worker writes each count there as it makes it (:class:`_Slots`),
-and a scrape, whichever worker takes it, sums every file of the directory, the
-files of workers that died included (docs/observability.md, "Workers").
+multiprocess files in a directory the supervisor made (``Metrics(shared=DIR)``),
+each count written as it is made (:class:`_Slots`); a scrape, whichever worker
+takes it, sums every file, dead workers' included (docs/observability.md, "Workers").
 """
 
 from __future__ import annotations
@@ -355,8 +354,7 @@ class Metrics:
             self._spent_output_slot = self._slot_of(self.spent_output)
             for buckets in self.deferred.histograms:
                 buckets.share(places)
-            # No auto_describe: it would read every worker's file now, and one still
-            # being created by a starting worker cannot be read yet (struct.error).
+            # No auto_describe: it reads every file now, and a starting worker's is half made.
             self._scraped = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
 
