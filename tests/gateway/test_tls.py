@@ -146,3 +146,55 @@ def test_bad_tls_files_are_one_line_and_exit_code_2(
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("payonce: error: --tls-")
+
+
+# -- the upstream over HTTPS: what every real provider is ---------------------------------
+
+
+def _front(upstream: str, tmp_path: Path, env: dict[str, str]) -> Process:
+    """A plain-HTTP gateway whose upstream is ``upstream`` (the HTTPS gateway)."""
+    args = ["serve", "--upstream", upstream, "--store", f"sqlite:///{tmp_path}/front.db"]
+    return start_payonce(args, log_dir=tmp_path, ready_path="/_payonce/health", env=env)
+
+
+def _post(url: str, key: str, *, stream: bool = False) -> httpx.Response:
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 8, "stream": stream}
+    headers = {"Authorization": "Bearer sk-test-tls", "Idempotency-Key": key}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_an_https_upstream_is_reached_verified_and_its_answers_replayed(
+    https_gateway: Process, certs: Certificates, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    # The upstream's certificate is checked against the CAs OpenSSL trusts, which
+    # SSL_CERT_FILE names: here the test's own CA, as a private CA would be.
+    front = _front(https_gateway.url, tmp_path, {"SSL_CERT_FILE": str(certs.ca)})
+    try:
+        key = f"up-tls-{uuid.uuid4()}"
+        first = _post(front.url, key)
+        assert first.status_code == 200, first.text
+        assert first.headers["idempotent-replayed"] == "false"
+        again = _post(front.url, key)
+        assert (again.content, again.headers["idempotent-replayed"]) == (first.content, "true")
+        streamed = _post(front.url, f"up-tls-stream-{uuid.uuid4()}", stream=True)
+        assert streamed.status_code == 200
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) > 2
+        assert fresh_sim.billed() == 2
+    finally:
+        front.stop()
+
+
+def test_an_https_upstream_with_a_certificate_nobody_trusts_is_a_502_and_no_bill(
+    https_gateway: Process, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    front = _front(https_gateway.url, tmp_path, {"SSL_CERT_FILE": ""})
+    try:
+        answer = _post(front.url, f"up-untrusted-{uuid.uuid4()}")
+        assert answer.status_code == 502, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.json()["type"].endswith("#upstream-unavailable")
+        assert fresh_sim.billed() == 0
+    finally:
+        front.stop()
+    assert "Traceback" not in front.output()

@@ -54,6 +54,10 @@ HOP_BY_HOP = frozenset(
 )
 # The same, as the lowercase bytes the ASGI server hands over.
 HOP_BY_HOP_BYTES = frozenset(name.encode() for name in HOP_BY_HOP)
+# Not relayed from a response either: the gateway says itself whether its answer is
+# a replay. An upstream that is an idempotency layer too (another payonce, say) says
+# so about its own hop, and two such fields would leave the client guessing.
+_NOT_RELAYED = HOP_BY_HOP_BYTES | {b"idempotent-replayed"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +273,7 @@ class OpenResponse:
         for field in connection.headers:
             raw_name, raw_value = field
             lowered = raw_name.lower()
-            if lowered in HOP_BY_HOP_BYTES:
+            if lowered in _NOT_RELAYED:
                 continue
             value = raw_value.decode("latin-1")
             if lowered == b"content-type" and content_type is None:
