@@ -30,10 +30,13 @@ Writes that nobody waits on to answer a client (a stream's event appends,
 lease renewals, replay counts) are submitted ``deferred``: they wait up to
 ``DEFER`` seconds for company instead of committing in the next turn. With
 thousands of streams in flight, each appending one event a second, a
-transaction per loop turn wrote a few WAL pages per event (tens of MB/s on a
-loaded disk, and the loop stalled in ``write``); one transaction per ``DEFER``
-writes each touched page once. Any other write flushes the deferred ones with
-it, in submission order, so a claim never waits behind them.
+transaction per loop turn wrote a few WAL pages per event; one transaction per
+``DEFER`` writes each touched page once (less than half the bytes, see
+docs/benchmarks.md). The other writes (claims, completions) keep their
+per-turn transactions and never carry the deferred ones, so a claim never waits
+behind them. The two lanes commit separately: a caller that needs one write
+after another of the same key awaits the first (the recorder awaits its appends
+before it completes or releases the stream).
 """
 
 from __future__ import annotations
@@ -98,8 +101,8 @@ class GroupCommit:
         self._waiting: collections.deque[tuple[list[_Write], float]] = collections.deque()
         self._delay = FIRST_RETRY
         self._timer: asyncio.TimerHandle | None = None
-        self._soon = False  # a flush is due in the next turn
-        self._later: asyncio.TimerHandle | None = None  # a flush of deferred writes
+        self._deferred: list[_Write] = []
+        self._later: asyncio.Handle | None = None  # the deferred writes' flush
 
     def submit(
         self, sql: str, params: Any, *, fetch: bool, deferred: bool = False
@@ -114,20 +117,28 @@ class GroupCommit:
             loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         if deferred:
-            if not self._soon and self._later is None:
-                self._later = loop.call_later(DEFER, self._flush)
-        elif not self._soon:
-            self._soon = True
+            if self._later is None:
+                self._later = loop.call_later(DEFER, self._flush_deferred)
+            self._deferred.append((sql, params, fetch, future))
+            if len(self._deferred) == MAX_MERGED:  # enough company: a few ms of the loop
+                self._later.cancel()
+                self._later = loop.call_soon(self._flush_deferred)
+            return future
+        if not self._pending:
             loop.call_soon(self._flush)
         self._pending.append((sql, params, fetch, future))
         return future
 
+    def _flush_deferred(self) -> None:
+        self._later = None
+        batch, self._deferred = self._deferred, []
+        self._commit(batch)
+
     def _flush(self) -> None:
-        self._soon = False
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
         batch, self._pending = self._pending, []
+        self._commit(batch)
+
+    def _commit(self, batch: list[_Write]) -> None:
         if not batch:  # closed in the meantime
             return
         if self._waiting:  # behind a batch that waits for a lock: keep the order
@@ -155,9 +166,9 @@ class GroupCommit:
         if self._later is not None:
             self._later.cancel()
             self._later = None
-        batches = [batch for batch, _ in self._waiting] + [self._pending]
+        batches = [batch for batch, _ in self._waiting] + [self._pending, self._deferred]
         self._waiting.clear()
-        self._pending = []  # the flush already scheduled finds nothing to do
+        self._pending, self._deferred = [], []  # the flush already scheduled finds nothing to do
         for batch in batches:
             for *_, future in batch:
                 if not future.done():
