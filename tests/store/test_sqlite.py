@@ -319,3 +319,37 @@ async def test_closing_fails_the_writes_still_waiting_for_a_lock(tmp_path: Path)
         await waiting
     locker.execute("ROLLBACK")
     locker.close()
+
+
+# --- Thousands of streams in flight (issue 19, workload 4) ---
+
+
+async def test_event_appends_of_many_turns_share_a_transaction_and_a_claim_does_not_wait(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "p.db"))
+    streams = await asyncio.gather(
+        *(store.claim("t", f"s{i}", "fp", lease=30, ttl=60) for i in range(20))
+    )
+    for i, c in enumerate(streams):
+        assert await store.begin_stream("t", f"s{i}", c.record.token, 200, ())
+    flaky = make_flaky(store, lambda sql, n: False)
+    appends = []
+    for i, c in enumerate(streams):  # one stream's event per loop turn
+        appends.append(
+            asyncio.ensure_future(store.append_events("t", f"s{i}", c.record.token, 1, [b"e"]))
+        )
+        await asyncio.sleep(0)
+    renewals = [store.renew("t", f"s{i}", c.record.token, lease=30) for i, c in enumerate(streams)]
+    assert await asyncio.gather(*appends, *renewals) == [True] * 40
+    assert flaky.executed.count("COMMIT") == 1, "twenty turns' appends and renewals, one commit"
+    flaky.executed.clear()
+    token = streams[0].record.token
+    pending = asyncio.ensure_future(store.append_events("t", "s0", token, 2, [b"f"]))
+    await asyncio.sleep(0)
+    claim = await asyncio.wait_for(store.claim("t", "new", "fp", lease=30, ttl=60), 1)
+    assert claim.status is ClaimStatus.ACQUIRED
+    assert not pending.done(), "the claim committed alone, not behind the waiting append"
+    assert await pending
+    assert await store.read_events("t", "s0") == [b"e", b"f"]
+    await store.close()

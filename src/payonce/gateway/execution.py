@@ -28,6 +28,9 @@ from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_usage_and_id
 from payonce.store import Store, StoredResponse
 
+# Lease renewals in flight at once.
+RENEW_CHUNK = 128
+
 __all__ = [
     "Execution",
     "Head",
@@ -81,18 +84,29 @@ async def renew_leases(
     """Renew the lease of every run in progress every third of a lease, forever."""
     while True:
         await asyncio.sleep(lease / 3)
-        for name, execution in list(running.items()):
-            try:
-                held = await store.renew(
-                    execution.tenant, execution.key, execution.token, lease=lease
-                )
-            except StoreUnavailable as exc:
-                log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
-                continue
-            if not held and running.get(name) is execution:
-                log.warning(
-                    "lost the lease of key %r; its result will not be stored", execution.key
-                )
+        runs = list(running.items())
+        # Concurrently, a chunk at a time: the store can then put many renewals
+        # in one transaction (SQLite) or round trip, instead of one per loop
+        # turn for each of thousands of runs in flight.
+        for start in range(0, len(runs), RENEW_CHUNK):
+            chunk = runs[start : start + RENEW_CHUNK]
+            await asyncio.gather(*(_renew(store, running, name, run, lease) for name, run in chunk))
+
+
+async def _renew(
+    store: Store,
+    running: dict[tuple[str, str], Execution],
+    name: tuple[str, str],
+    execution: Execution,
+    lease: float,
+) -> None:
+    try:
+        held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
+    except StoreUnavailable as exc:
+        log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
+        return
+    if not held and running.get(name) is execution:
+        log.warning("lost the lease of key %r; its result will not be stored", execution.key)
 
 
 async def run_execution(

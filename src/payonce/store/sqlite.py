@@ -220,8 +220,10 @@ class SQLiteStore:
             is not None
         )
 
-    async def _write(self, sql: str, params: Any, *, fetch: bool = False) -> Any:
-        return await self._writes.submit(sql, params, fetch=fetch)
+    async def _write(
+        self, sql: str, params: Any, *, fetch: bool = False, deferred: bool = False
+    ) -> Any:
+        return await self._writes.submit(sql, params, fetch=fetch, deferred=deferred)
 
     async def _read(self, sql: str, params: Any, *, one: bool) -> Any:
         """The first row (``one``) or all rows of a query; a lock is waited out off the loop."""
@@ -284,6 +286,7 @@ class SQLiteStore:
         changed = await self._write(
             f"UPDATE payonce_records SET lease_expires_at = ? WHERE {_HELD}",
             (now + lease, tenant, key, token, now),
+            deferred=True,  # no client waits; a lease outlives its renewal period
         )
         return bool(changed == 1)
 
@@ -364,6 +367,7 @@ class SQLiteStore:
         held = self._write(
             f"UPDATE payonce_records SET events = MAX(events, ?) WHERE {_HELD}",
             (last, tenant, key, token, now),
+            deferred=True,  # followers got the events live; this is for replays
         )
         # One statement for the whole batch, and it checks the token itself: a
         # writer whose lease passed to another holder must not add to the new
@@ -378,6 +382,7 @@ class SQLiteStore:
                 f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
                 f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
                 (tenant, key, *values, tenant, key, token, now),
+                deferred=True,
             )
         ]
         changed, *_ = await asyncio.gather(held, *inserts)
