@@ -52,6 +52,7 @@ class RawUpstream:
 
     def __init__(self) -> None:
         self.connections = 0
+        self.heads: list[bytes] = []  # every request head received, as sent
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -75,6 +76,7 @@ class RawUpstream:
                         return
                     buffer += data
                 head, _, buffer = buffer.partition(b"\r\n\r\n")
+                self.heads.append(head)
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ")
                 length = 0
@@ -151,3 +153,24 @@ def test_head_has_no_body_and_the_next_request_is_whole(gateway: Process) -> Non
     assert (status, body, headers["content-type"]) == (200, b"", "application/json")
     status, body, _ = _post(gateway, "/v1/chat/completions")
     assert (status, body) == (200, BODY)
+
+
+def test_fields_the_client_names_in_connection_are_not_forwarded(
+    gateway: Process, upstream: RawUpstream
+) -> None:
+    # RFC 9110 section 7.6.1: a field listed in Connection is for this hop only.
+    port = int(gateway.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer sk-raw\r\nContent-Length: 2\r\n"
+            b"Connection: keep-alive, X-Hop-Secret\r\nConnection: x-other-hop\r\n"
+            b"X-Hop-Secret: s3cret\r\nX-Other-Hop: 1\r\nX-Kept: yes\r\n\r\n{}"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += client.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200")
+    head = upstream.heads[-1].lower()
+    assert b"x-kept: yes" in head
+    assert b"x-hop-secret" not in head and b"x-other-hop" not in head

@@ -29,6 +29,11 @@ class ProxiedRequest:
         """Headers to forward: everything but hop-by-hop fields (RFC 9110 section 7.6.1).
 
         As the server handed them over (lowercase names, raw values): they are
-        written to the upstream as they are, never decoded.
+        written to the upstream as they are, never decoded. The fields a
+        ``Connection`` header names are this hop's too, and stay here.
         """
-        return [field for field in self.headers if field[0] not in HOP_BY_HOP_BYTES]
+        dropped = HOP_BY_HOP_BYTES
+        for name, value in self.headers:
+            if name == b"connection":
+                dropped = dropped.union(token.strip().lower() for token in value.split(b","))
+        return [field for field in self.headers if field[0] not in dropped]
