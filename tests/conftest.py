@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.processes import start_payonce
-from tests.support.sim import Sim
+from tests.support.sim import Sim, running_sim
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,15 +25,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     """One fast simulator (``--latency fixed:0 --seed 7``) shared by a test module."""
-    process = start_payonce(
-        ["sim", "--latency", "fixed:0", "--seed", "7"],
-        log_dir=tmp_path_factory.mktemp("sim"),
-        ready_path="/_sim/health",
-    )
-    try:
-        yield Sim(process)
-    finally:
-        process.stop()
+    with running_sim(
+        "--latency", "fixed:0", "--seed", "7", log_dir=tmp_path_factory.mktemp("sim")
+    ) as sim:
+        yield sim
 
 
 @pytest.fixture

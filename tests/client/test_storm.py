@@ -17,8 +17,7 @@ from prometheus_client import CollectorRegistry
 from payonce.client import AsyncIdempotentTransport, PrometheusHook, RetryPolicy
 from payonce.testing import zero_backoff
 from tests.client.conftest import CHAT_BODY
-from tests.support.processes import start_payonce
-from tests.support.sim import Sim
+from tests.support.sim import Sim, running_sim
 
 CALLS = 1000
 CONCURRENCY = 32
@@ -26,15 +25,16 @@ CONCURRENCY = 32
 
 @pytest.fixture(scope="module")
 def failing_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    process = start_payonce(
-        ["sim", "--latency", "fixed:0", "--seed", "11", "--fail", "503:0.5"],
+    with running_sim(
+        "--latency",
+        "fixed:0",
+        "--seed",
+        "11",
+        "--fail",
+        "503:0.5",
         log_dir=tmp_path_factory.mktemp("failing-sim"),
-        ready_path="/_sim/health",
-    )
-    try:
-        yield Sim(process)
-    finally:
-        process.stop()
+    ) as sim:
+        yield sim
 
 
 async def test_a_storm_costs_at_most_one_tenth_more_plus_the_budget_floor(

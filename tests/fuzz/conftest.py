@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support.processes import Process, start_payonce
-from tests.support.sim import Sim
+from tests.support.sim import Sim, running_sim
 
 FUZZ = settings(max_examples=100, deadline=None)
 LIVE = settings(
@@ -26,15 +26,16 @@ LIVE = settings(
 @pytest.fixture(scope="package")
 def fuzz_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     """One fast simulator for the whole fuzz folder."""
-    process = start_payonce(
-        ["sim", "--latency", "fixed:0", "--token-rate", "0", "--seed", "7"],
+    with running_sim(
+        "--latency",
+        "fixed:0",
+        "--token-rate",
+        "0",
+        "--seed",
+        "7",
         log_dir=tmp_path_factory.mktemp("fuzz-sim"),
-        ready_path="/_sim/health",
-    )
-    try:
-        yield Sim(process)
-    finally:
-        process.stop()
+    ) as sim:
+        yield sim
 
 
 @pytest.fixture(scope="package")

@@ -38,7 +38,7 @@ from payonce.store import MemoryStore
 from tests.support.exposition import metric
 from tests.support.processes import Process, start_payonce
 from tests.support.redis import running_redis
-from tests.support.sim import Sim
+from tests.support.sim import Sim, running_sim
 
 BOUND = 2000  # --max-stored-body
 SMALL = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -54,15 +54,16 @@ SLOW = {"X-Sim-Delay-Ms": "2500"}
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     """A simulator whose streams are fast (the shared one paces 50 tokens a second)."""
-    process = start_payonce(
-        ["sim", "--latency", "fixed:0", "--seed", "7", "--token-rate", "2000/s"],
+    with running_sim(
+        "--latency",
+        "fixed:0",
+        "--seed",
+        "7",
+        "--token-rate",
+        "2000/s",
         log_dir=tmp_path_factory.mktemp("sim"),
-        ready_path="/_sim/health",
-    )
-    try:
-        yield Sim(process)
-    finally:
-        process.stop()
+    ) as sim:
+        yield sim
 
 
 @dataclass

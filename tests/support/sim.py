@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 
-from tests.support.processes import Process
+from tests.support.processes import Process, running
 
 CHAT_BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello there friend"}]}
 
@@ -38,3 +41,10 @@ class Sim:
 
     def reset(self) -> None:
         httpx.delete(self.url + "/_sim/ledger", timeout=10).raise_for_status()
+
+
+@contextlib.contextmanager
+def running_sim(*flags: str, log_dir: Path) -> Iterator[Sim]:
+    """``payonce sim`` with ``flags`` on a free port, ready, and stopped on exit."""
+    with running(["sim", *flags], log_dir=log_dir, ready_path="/_sim/health") as process:
+        yield Sim(process)
