@@ -56,90 +56,89 @@ SELECT h(s) AS h, s FROM (
 """
 
 _LINKS = """
--- Nearly every request id is on one call line and one bill line. Grouping a hundred
--- million ids with their attributes was the costliest step, so only the ids on
--- several lines are grouped (found by a count alone, several times cheaper); the
--- others join as they are (see _GENERATIONS).
+-- Ids on several lines, found by sorting their 128-bit hashes and comparing
+-- neighbours: nearly every id is on one line, and a hash table of a hundred million
+-- distinct keys spilled at 4 GiB where the sort did not. Only the ids found here
+-- are grouped; the others join as they are (see _GENERATIONS).
 CREATE TEMP TABLE multi_calls AS
-SELECT provider_request_id AS pid FROM calls WHERE provider_request_id IS NOT NULL
-GROUP BY provider_request_id HAVING count(*) > 1;
-
+SELECT DISTINCT kp AS pid FROM (SELECT kp, lag(kp) OVER (ORDER BY kp) AS prev FROM calls
+                                WHERE kp IS NOT NULL) WHERE kp = prev;
 CREATE TEMP TABLE multi_lines AS
-SELECT provider_request_id AS gid FROM bill WHERE provider_request_id IS NOT NULL
-GROUP BY provider_request_id HAVING count(*) > 1;
+SELECT DISTINCT kp AS gid FROM (SELECT kp, lag(kp) OVER (ORDER BY kp) AS prev FROM bill
+                                WHERE kp IS NOT NULL) WHERE kp = prev;
+CREATE TEMP TABLE multi_business AS
+SELECT DISTINCT kb FROM (SELECT kb, lag(kb) OVER (ORDER BY kb) AS prev FROM calls
+                         WHERE kb IS NOT NULL) WHERE kb = prev;
 
 -- A request id on several call lines (a replay that names it, a log read twice):
 -- pick its business request deterministically, and count ids whose lines disagree.
--- Business requests travel as 128-bit hashes of their ids (``kb``): fixed-width
--- keys group and join about twice as fast as strings carried along.
 CREATE TEMP TABLE multi_links AS
-SELECT provider_request_id AS pid, count(*) AS n, md5_number(min(business_id)) AS kb,
+SELECT kp AS pid, count(*) AS n, min(kb) AS kb,
        bool_or(unkeyed_retry) AS unkeyed_retry, min(m) AS model, min(e) AS endpoint,
-       min(t) AS tag, min(ts) AS ts, min(business_id) <> max(business_id) AS conflicting
-FROM calls SEMI JOIN multi_calls ON provider_request_id = multi_calls.pid
-GROUP BY provider_request_id;
+       min(t) AS tag, min(ts) AS ts, min(kb) <> max(kb) AS conflicting
+FROM calls SEMI JOIN multi_calls ON kp = multi_calls.pid
+GROUP BY kp;
 
+-- A business id on one line is a business request as it stands; only the others
+-- are grouped.
 CREATE TABLE business AS
-SELECT business_id, md5_number(business_id) AS kb, count(*) AS calls,
-       bool_or(success) AS success, min(ts) AS ts,
-       min(m) AS model, min(e) AS endpoint, min(t) AS tag
-FROM calls WHERE business_id IS NOT NULL GROUP BY business_id;
+SELECT kb, 1 AS calls, success, ts, m AS model, e AS endpoint, t AS tag
+FROM calls ANTI JOIN multi_business USING (kb) WHERE kb IS NOT NULL
+UNION ALL
+SELECT kb, count(*), bool_or(success), min(ts), min(m), min(e), min(t)
+FROM calls SEMI JOIN multi_business USING (kb) GROUP BY kb;
 """
 
 _GENERATIONS = """
 CREATE TABLE generations AS
 WITH links AS (
-    SELECT provider_request_id AS pid, md5_number(business_id) AS kb, unkeyed_retry,
-           m AS model, e AS endpoint, t AS tag, ts
-    FROM calls ANTI JOIN multi_calls ON provider_request_id = multi_calls.pid
-    WHERE provider_request_id IS NOT NULL
+    SELECT kp AS pid, kb, unkeyed_retry, m AS model, e AS endpoint, t AS tag, ts
+    FROM calls ANTI JOIN multi_calls ON kp = multi_calls.pid
+    WHERE kp IS NOT NULL
     UNION ALL
     SELECT pid, kb, unkeyed_retry, model, endpoint, tag, ts FROM multi_links
 ), grouped AS (
-    SELECT provider_request_id AS gid, 1 AS lines, cost_usd AS cost, m AS model,
-           e AS endpoint, ts, src
-    FROM bill ANTI JOIN multi_lines ON provider_request_id = multi_lines.gid
-    WHERE provider_request_id IS NOT NULL
+    SELECT kp AS gid, 1 AS lines, cost_usd AS cost, m AS model, e AS endpoint, ts, src
+    FROM bill ANTI JOIN multi_lines ON kp = multi_lines.gid
+    WHERE kp IS NOT NULL
     UNION ALL
-    SELECT provider_request_id, count(*), sum(cost_usd), min(m), min(e), min(ts), min(src)
-    FROM bill SEMI JOIN multi_lines ON provider_request_id = multi_lines.gid
-    GROUP BY provider_request_id
+    SELECT kp, count(*), sum(cost_usd), min(m), min(e), min(ts), min(src)
+    FROM bill SEMI JOIN multi_lines ON kp = multi_lines.gid
+    GROUP BY kp
     UNION ALL
     -- A bill line without a request id is a generation of its own, matched by nothing.
-    SELECT '#' || src || ':' || coalesce(pos::VARCHAR, gen_random_uuid()::VARCHAR),
+    SELECT md5_number('#' || src || ':' || coalesce(pos::VARCHAR, gen_random_uuid()::VARCHAR)),
            1, cost_usd, m, e, ts, src
-    FROM bill WHERE provider_request_id IS NULL
+    FROM bill WHERE kp IS NULL
 )
 SELECT g.gid, l.pid IS NOT NULL AS matched, g.lines, g.cost, g.src,
        coalesce(g.model, l.model) AS model,
        coalesce(l.endpoint, g.endpoint) AS endpoint,
        l.tag, coalesce(g.ts, l.ts) AS ts, l.kb,
-       coalesce(l.kb IS NULL AND l.unkeyed_retry, false) AS unkeyed_retry,
-       coalesce(l.kb IS NULL AND l.unkeyed_retry, false) AS duplicate
+       coalesce(l.kb IS NULL AND l.unkeyed_retry, false) AS unkeyed_retry
 FROM grouped g LEFT JOIN links l ON g.gid = l.pid;
 """
 
 _DUPLICATES = """
 -- Business requests billed more than once, and the generation each of them needed:
--- the cheapest (then the earliest, then the smallest request id). All the others are
+-- the cheapest (then the earliest, then by request id hash). All the others are
 -- duplicates, so the waste is a lower bound whichever answer the client used.
 -- Two generations of a business request need two of its calls (each generation is
 -- named by a call of its own), so only requests with several calls are ranked.
 CREATE TEMP TABLE candidates AS
-SELECT kb, gid, cost, ts FROM generations
-SEMI JOIN (SELECT kb FROM business WHERE calls > 1) AS repeated USING (kb);
+SELECT kb, gid, cost, ts, model, endpoint, tag FROM generations
+SEMI JOIN multi_business USING (kb);
 
--- A window over the candidates ranks them in half the time of arg_min over a struct.
-CREATE TEMP TABLE needed AS
-SELECT kb, gid FROM (
-    SELECT kb, gid, count(*) OVER w AS n,
-           row_number() OVER (w ORDER BY cost NULLS LAST, ts NULLS LAST, gid) AS r
-    FROM candidates WINDOW w AS (PARTITION BY kb)
-) WHERE r = 1 AND n > 1;
-
-UPDATE generations SET duplicate = true
-FROM needed
-WHERE generations.kb = needed.kb AND generations.gid <> needed.gid;
+-- The generations a business request did not need. They are counted as duplicates
+-- beside the generations (see _GENERATION_FIGURES) instead of flagged in place: an
+-- UPDATE of a hundred million rows cost more than the few it changes.
+CREATE TEMP TABLE dupes AS
+SELECT * EXCLUDE (r) FROM (
+    SELECT *, row_number() OVER (PARTITION BY kb ORDER BY cost NULLS LAST, ts NULLS LAST, gid)
+           AS r
+    FROM candidates
+) WHERE r > 1;
+DROP TABLE candidates;
 """
 
 # A business request's model, endpoint, tag and day come from its calls; when the
@@ -153,24 +152,34 @@ UPDATE business SET
     ts = coalesce(business.ts, kept.ts)
 FROM (
     SELECT kb, model, endpoint, tag, ts FROM generations
-    WHERE NOT duplicate AND kb IN (SELECT kb FROM business WHERE {_BUSINESS_GAPS})
+    WHERE NOT unkeyed_retry AND kb IN (SELECT kb FROM business WHERE {_BUSINESS_GAPS})
+      AND gid NOT IN (SELECT gid FROM dupes)
 ) AS kept
 WHERE business.kb = kept.kb;
 """
 
 _GENERATION_FIGURES = """
 SELECT GROUPING(model, endpoint, tag, day) AS grouping_id, model, endpoint, tag, day,
-       count(*) AS billed_generations,
-       count(*) FILTER (matched) AS matched_generations,
-       count(*) FILTER (duplicate) AS duplicate_generations,
-       count(*) FILTER (unkeyed_retry) AS unkeyed_retry_generations,
-       sum(lines) AS bill_lines,
-       coalesce(sum(lines) FILTER (NOT matched), 0) AS unmatched_bill_lines,
+       coalesce(sum(generation), 0) AS billed_generations,
+       coalesce(sum(matched), 0) AS matched_generations,
+       coalesce(sum(duplicate), 0) AS duplicate_generations,
+       coalesce(sum(unkeyed), 0) AS unkeyed_retry_generations,
+       coalesce(sum(lines), 0) AS bill_lines,
+       coalesce(sum(unmatched_lines), 0) AS unmatched_bill_lines,
        coalesce(sum(cost), 0) AS total_cost_usd,
-       coalesce(sum(cost) FILTER (duplicate), 0) AS wasted_cost_usd,
-       coalesce(sum(cost) FILTER (NOT matched), 0) AS unmatched_cost_usd
-FROM (SELECT model, endpoint, tag, day(ts) AS day, matched, duplicate,
-             unkeyed_retry, lines, cost FROM generations)
+       coalesce(sum(wasted), 0) AS wasted_cost_usd,
+       coalesce(sum(unmatched_cost), 0) AS unmatched_cost_usd
+FROM (SELECT model, endpoint, tag, day(ts) AS day, 1 AS generation,
+             matched::INTEGER AS matched, unkeyed_retry::INTEGER AS duplicate,
+             unkeyed_retry::INTEGER AS unkeyed, lines,
+             lines * (NOT matched)::INTEGER AS unmatched_lines, cost,
+             cost * unkeyed_retry::INTEGER AS wasted,
+             cost * (NOT matched)::INTEGER AS unmatched_cost
+      FROM generations
+      -- Each generation a business request did not need, counted once more: it only
+      -- adds to the duplicates and the waste.
+      UNION ALL
+      SELECT model, endpoint, tag, day(ts), 0, 0, 1, 0, 0, 0, 0, cost, 0 FROM dupes)
 GROUP BY GROUPING SETS ((), (model), (endpoint), (tag), (day))
 """
 
@@ -189,6 +198,18 @@ FROM ({figures}) f
 LEFT JOIN dictionary m ON f.model = m.h
 LEFT JOIN dictionary e ON f.endpoint = e.h
 LEFT JOIN dictionary t ON f.tag = t.h
+"""
+
+# The few generations a listing shows, with their ids as written: the request id from
+# the bill (none for a line without one), the business id from the calls.
+_NAMED_IDS = """
+WITH o AS ({top})
+SELECT o.*, r.id, b.business_id FROM o
+LEFT JOIN (SELECT kp, min(provider_request_id) AS id FROM bill
+           WHERE kp IN (SELECT gid FROM o) GROUP BY kp) r ON r.kp = o.gid
+LEFT JOIN (SELECT kb, min(business_id) AS business_id FROM calls
+           WHERE kb IN (SELECT kb FROM o) GROUP BY kb) b ON b.kb = o.kb
+ORDER BY {order}
 """
 
 _OUTLIERS = """
@@ -243,13 +264,13 @@ def analyse(engine: Engine, files: Mapping[int, str], settings: AnalysisSettings
     # are unique in ``generations``): the calls no bill line names.
     linked = int(
         engine.scalar(
-            "SELECT (SELECT count(*) FROM calls WHERE provider_request_id IS NOT NULL)"
+            "SELECT (SELECT count(*) FROM calls WHERE kp IS NOT NULL)"
             " - (SELECT coalesce(sum(n - 1), 0) FROM multi_links)"
         )
         or 0
     )
     engine.execute(_GENERATIONS, progress="joining calls with the bill")
-    engine.execute("DROP TABLE calls; DROP TABLE bill")
+    # ``calls`` and ``bill`` stay for the few ids the listings name (by hash).
     unbilled = linked - int(engine.scalar("SELECT count(*) FROM generations WHERE matched") or 0)
     engine.execute(_DUPLICATES, progress="finding duplicates")
     if engine.scalar(f"SELECT count(*) FROM business WHERE {_BUSINESS_GAPS}"):
@@ -273,12 +294,14 @@ def analyse(engine: Engine, files: Mapping[int, str], settings: AnalysisSettings
     starts = [t for t in (bill_period[0], calls_period[0]) if t is not None]
     ends = [t for t in (bill_period[1], calls_period[1]) if t is not None]
     malformed_rows = int(engine.scalar("SELECT count(*) FROM malformed") or 0)
+    outliers = _outliers(engine, files, settings)
+    unmatched = _unmatched(engine, files, settings.top)
     return Analysis(
         totals=totals,
         breakdowns=breakdowns,
         truncated=truncated,
-        outliers=_outliers(engine, files, settings),
-        unmatched=_unmatched(engine, files, settings.top),
+        outliers=outliers,
+        unmatched=unmatched,
         malformed=malformed_listing(engine, files, settings.malformed_listed),
         malformed_rows=malformed_rows,
         unbilled_calls=unbilled,
@@ -338,7 +361,7 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
     )[0]
     top = tuple(
         Outlier(
-            provider_request_id=None if row["gid"].startswith("#") else row["gid"],
+            provider_request_id=row["id"],
             business_id=row["business_id"],
             model=row["model"],
             cost_usd=Decimal(row["cost"]),
@@ -347,10 +370,11 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
             file=files.get(row["src"], "?"),
         )
         for row in engine.dicts(
-            "SELECT o.gid, b.business_id, o.model, o.cost, o.median, o.ts, o.src FROM"
-            " (SELECT * FROM outliers ORDER BY cost / median DESC, cost DESC, gid"
-            f" LIMIT {int(settings.top)}) o LEFT JOIN business b ON o.kb = b.kb"
-            " ORDER BY o.cost / o.median DESC, o.cost DESC, o.gid"
+            _NAMED_IDS.format(
+                top="SELECT * FROM outliers ORDER BY cost / median DESC, cost DESC, gid"
+                f" LIMIT {int(settings.top)}",
+                order="o.cost / o.median DESC, o.cost DESC, o.gid",
+            )
         )
     )
     return Outliers(
@@ -366,7 +390,7 @@ def _outliers(engine: Engine, files: Mapping[int, str], settings: AnalysisSettin
 def _unmatched(engine: Engine, files: Mapping[int, str], top: int) -> tuple[BillItem, ...]:
     return tuple(
         BillItem(
-            provider_request_id=None if row["gid"].startswith("#") else row["gid"],
+            provider_request_id=row["id"],
             cost_usd=Decimal(row["cost"] or 0),
             lines=int(row["lines"]),
             model=row["model"],
@@ -374,9 +398,12 @@ def _unmatched(engine: Engine, files: Mapping[int, str], top: int) -> tuple[Bill
             file=files.get(row["src"], "?"),
         )
         for row in engine.dicts(
-            "SELECT gid, cost, lines, d.s AS model, ts, src FROM generations"
-            " LEFT JOIN dictionary d ON model = d.h WHERE NOT matched"
-            f" ORDER BY cost DESC NULLS LAST, gid LIMIT {int(top)}"
+            _NAMED_IDS.format(
+                top="SELECT gid, kb, cost, lines, d.s AS model, ts, src FROM generations"
+                " LEFT JOIN dictionary d ON model = d.h WHERE NOT matched"
+                f" ORDER BY cost DESC NULLS LAST, gid LIMIT {int(top)}",
+                order="o.cost DESC NULLS LAST, o.gid",
+            )
         )
     )
 

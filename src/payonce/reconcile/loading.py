@@ -46,10 +46,13 @@ _SUCCESS_WORDS = "('success', 'succeeded', 'ok', 'completed', 'true')"
 
 _TABLES = f"""
 -- Model, endpoint and tag also travel as 64-bit hashes (m, e, t), computed once
--- here: the big aggregations group and compare integers, not strings.
+-- here: the big aggregations group and compare integers, not strings. Business and
+-- request ids travel as their 128-bit MD5 (kb, kp): at a hundred million rows the
+-- joins and groupings keyed by the strings spilled tens of GiB.
 CREATE MACRO h(x) AS nullif(hash(x), hash(NULL::VARCHAR));
 CREATE TABLE calls (
     src INTEGER, pos BIGINT, business_id VARCHAR, provider_request_id VARCHAR,
+    kb UHUGEINT, kp UHUGEINT,
     model VARCHAR, endpoint VARCHAR, tag VARCHAR, m UBIGINT, e UBIGINT, t UBIGINT,
     success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR,
     outcome VARCHAR, upstream_status BIGINT, upstream_attempts BIGINT,
@@ -58,7 +61,7 @@ CREATE TABLE calls (
 -- No figure uses the token counts, but reading them checks them (a row with a bad
 -- one is malformed) and makes DuckDB check every row's column count.
 CREATE TABLE bill (
-    src INTEGER, pos BIGINT, provider_request_id VARCHAR, cost_usd {MONEY},
+    src INTEGER, pos BIGINT, provider_request_id VARCHAR, kp UHUGEINT, cost_usd {MONEY},
     model VARCHAR, endpoint VARCHAR, m UBIGINT, e UBIGINT, input_tokens BIGINT,
     output_tokens BIGINT, ts TIMESTAMPTZ, reason VARCHAR, part BIGINT);
 CREATE TABLE malformed (src INTEGER, line BIGINT, reason VARCHAR);
@@ -479,7 +482,7 @@ def _normalize(
             f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
         ]
         columns.append(f"{part or 'NULL'} AS part")
-        return f"SELECT {', '.join(columns)} FROM ({relation})"
+        return _hashed(f"SELECT {', '.join(columns)} FROM ({relation})", "kp")
     key = text("business_id")
     if scope:
         key = f"CASE WHEN {key} IS NOT NULL THEN coalesce({scope} || ':', '') || {key} END"
@@ -510,7 +513,16 @@ def _normalize(
         f"{retry} AS unkeyed_retry",
     ]
     columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS]
-    return f"SELECT {', '.join(columns)} FROM ({relation})"
+    return _hashed(f"SELECT {', '.join(columns)} FROM ({relation})", "kp", "kb")
+
+
+def _hashed(select: str, *keys: str) -> str:
+    # Hashed from the columns, not from their expressions: a line without a business
+    # id gets a random one, which must be the same value in business_id and kb. A
+    # reader that uses neither (the usage reconciliation) computes neither.
+    ids = {"kp": "provider_request_id", "kb": "business_id"}
+    hashes = ", ".join(f"md5_number({ids[key]}) AS {key}" for key in keys)
+    return f"SELECT *, {hashes} FROM ({select})"
 
 
 _UPSTREAM_FIELDS = (
