@@ -897,6 +897,8 @@ def run_size(
     jsonl = rows <= args.jsonl_max
     if sizes is not None:
         needed = disk_needed(rows, sizes, args.memory_limit, jsonl, args.keep)
+        if args.reuse:  # the data is on the disk already: only the spill is to come
+            needed["total"] = int(needed["spill"] * DISK_MARGIN)
         free = shutil.disk_usage(work).free
         print(
             f"\n{rows:,} rows need about {gib(needed['total'])} of disk (data"
@@ -911,11 +913,20 @@ def run_size(
                 " (choose another --dir, or fewer --rows)"
             )
             return False
-    directory = work / str(rows)
-    directory.mkdir()
-    started = time.perf_counter()
-    paths = generate(directory, rows, jsonl)
-    generated = time.perf_counter() - started
+    if args.reuse:
+        # Data an earlier --keep left: the truth follows from the generator's formulas.
+        directory = args.reuse
+        paths = {"calls": directory / "calls.csv", "bill": directory / "bill.csv"}
+        if jsonl and (directory / "calls.jsonl").exists():
+            paths["jsonl"] = directory / "calls.jsonl"
+        jsonl = "jsonl" in paths
+        generated = 0.0
+    else:
+        directory = work / str(rows)
+        directory.mkdir()
+        started = time.perf_counter()
+        paths = generate(directory, rows, jsonl)
+        generated = time.perf_counter() - started
     file_sizes = {p.name: p.stat().st_size for p in paths.values()}
     started = time.perf_counter()
     expected = truth(rows)
@@ -964,12 +975,12 @@ def run_size(
         record["reconcile_jsonl"] = theirs
 
     def loaded(stage: str) -> None:
-        if not args.keep and stage not in ("starting", "setup") and not stage.startswith("load"):
+        if not (args.keep or args.reuse) and stage not in ("starting", "setup") and not stage.startswith("load"):
             for path in paths.values():
                 path.unlink(missing_ok=True)
 
     spill = directory / "spill"
-    spill.mkdir()
+    spill.mkdir(exist_ok=True)
     ours = measure(
         "reconcile",
         paths["calls"],
@@ -1000,7 +1011,10 @@ def run_size(
                 f" results agree: {_agree(ours, theirs)}"
             )
     report(record)
-    shutil.rmtree(directory, ignore_errors=True)
+    if args.keep or args.reuse:
+        shutil.rmtree(spill, ignore_errors=True)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
     return True
 
 
@@ -1026,6 +1040,13 @@ def main() -> None:
     )
     parser.add_argument("--dir", type=Path, help="where to write the data (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        metavar="DIR",
+        help="reconcile the calls.csv and bill.csv that --keep left in DIR (one --rows,"
+        " the same) instead of generating them",
+    )
     parser.add_argument("--json", type=Path, help="also write every result to this file")
     parser.add_argument(
         "--usage-year",

@@ -215,3 +215,25 @@ def test_a_dotted_path_reads_a_nested_json_field(tmp_path: Path) -> None:
     assert by_tag["search"]["duplicate_generations"] == 1
     assert by_tag["search"]["wasted_cost_usd"] == 3.0  # p1 (1.00) was the cheapest
     assert by_tag["ads"]["total_cost_usd"] == 2.0
+
+
+def test_a_listed_outlier_names_its_business_id_keyed_or_not(tmp_path: Path) -> None:
+    # The join carries ids as hashes; the listing must find the id each hash came
+    # from, including the random one a line without a business id gets.
+    rows = [[f"b{i}", f"p{i}", "m"] for i in range(6)] + [["", "p6", "m"], ["b7", "p7", "m"]]
+    calls = data.write_csv(
+        tmp_path / "calls.csv", ["business_id", "provider_request_id", "model"], rows
+    )
+    costs = ["0.1"] * 6 + ["9", "8"]
+    bill = data.write_csv(
+        tmp_path / "bill.csv",
+        ["provider_request_id", "cost_usd", "model"],
+        [[f"p{i}", cost, "m"] for i, cost in enumerate(costs)],
+    )
+    top = reconcile([calls], [bill]).outliers.top
+    assert [(o.provider_request_id, o.business_id is not None) for o in top] == [
+        ("p6", True),
+        ("p7", True),
+    ]
+    assert top[0].business_id is not None and top[0].business_id.startswith("#")
+    assert top[1].business_id == "b7"
