@@ -104,7 +104,7 @@ class Prepared:
             "src INTEGER, pos BIGINT, reason VARCHAR, endpoint VARCHAR, tag VARCHAR,"
             f" model VARCHAR, {grids}{ends}, flags INTEGER, n BIGINT, input_tokens HUGEINT,"
             " output_tokens HUGEINT, cost DECIMAL(38,10),"
-            " repeats STRUCT(b UHUGEINT, t TIMESTAMPTZ, c DECIMAL(18,10))[]"
+            " repeats STRUCT(b VARCHAR, t TIMESTAMPTZ, c DECIMAL(18,10))[]"
         )
 
     def lines(self) -> str:

@@ -108,12 +108,8 @@ SELECT c.src, c.pos * (c.reason IS NOT NULL)::BIGINT AS pos, c.reason, c.endpoin
        + 2 * c.success::INTEGER + 4 * (c.business_id IS NULL)::INTEGER
        + 8 * (c.input_tokens IS NULL AND c.output_tokens IS NULL)::INTEGER
        + 16 * (c.cost_usd IS NULL)::INTEGER + 32 * (c.ts IS NULL)::INTEGER AS flags,
-       c.input_tokens, c.output_tokens, c.cost_usd AS cost, c.ts,
-       r.hb IS NOT NULL AND c.business_id IS NOT NULL AS repeated,
-       -- A listed call keeps its business id's 128-bit MD5, not the id: DuckDB's
-       -- list of strings cost several times the bytes of the strings and spilled
-       -- about 8 GiB at a hundred million calls. Only listed calls are hashed.
-       CASE WHEN r.hb IS NOT NULL THEN md5_number(c.business_id) END AS kb
+       c.input_tokens, c.output_tokens, c.cost_usd AS cost, c.business_id, c.ts,
+       r.hb IS NOT NULL AND c.business_id IS NOT NULL AS repeated
 FROM ({relation}) c LEFT JOIN repeated r ON r.hb = hash(c.business_id)
 """
 
@@ -126,7 +122,7 @@ COUNTED = """
 SELECT src, pos, reason, endpoint, tag, model, {grid_names}, flags,
        count(*) AS n, sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
        sum(cost) AS cost,
-       list({{'b': kb, 't': ts, 'c': cost}}) FILTER (repeated) AS repeats
+       list({{'b': business_id, 't': ts, 'c': cost}}) FILTER (repeated) AS repeats
 FROM ({call}) GROUP BY ALL
 """
 
