@@ -109,8 +109,13 @@ SELECT c.src, c.pos * (c.reason IS NOT NULL)::BIGINT AS pos, c.reason, c.endpoin
        + 8 * (c.input_tokens IS NULL AND c.output_tokens IS NULL)::INTEGER
        + 16 * (c.cost_usd IS NULL)::INTEGER + 32 * (c.ts IS NULL)::INTEGER AS flags,
        c.input_tokens, c.output_tokens, c.cost_usd AS cost, c.business_id, c.ts,
-       r.hb IS NOT NULL AND c.business_id IS NOT NULL AS repeated
-FROM ({relation}) c LEFT JOIN repeated r ON r.hb = hash(c.business_id)
+       -- A membership test (a mark join), not a LEFT JOIN: DuckDB cannot estimate a
+       -- CSV file's rows, so it built the join's hash table from the calls, every
+       -- column of every call, and probed it with ``repeated``. This way the hash
+       -- table is ``repeated``'s and the calls stream past it (0.83x the pass's CPU at 10M).
+       c.business_id IS NOT NULL AND hash(c.business_id) IN (SELECT hb FROM repeated)
+           AS repeated
+FROM ({relation}) c
 """
 
 # The calls counted per cell as they are read. A call of a business id whose hash
