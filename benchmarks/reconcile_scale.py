@@ -975,7 +975,11 @@ def run_size(
         record["reconcile_jsonl"] = theirs
 
     def loaded(stage: str) -> None:
-        if not (args.keep or args.reuse) and stage not in ("starting", "setup") and not stage.startswith("load"):
+        if (
+            not (args.keep or args.reuse)
+            and stage not in ("starting", "setup")
+            and not stage.startswith("load")
+        ):
             for path in paths.values():
                 path.unlink(missing_ok=True)
 

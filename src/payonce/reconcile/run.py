@@ -34,7 +34,9 @@ __all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
 USAGE_CALL_FIELDS = frozenset(CALL_FIELDS) - {"provider_request_id"}
 
 # The join needs only the hash of a call's request id (kp): the string is not kept.
-_NARROW_CALLS = Target("calls", lambda select: f"SELECT * EXCLUDE (provider_request_id) FROM ({select})")
+_NARROW_CALLS = Target(
+    "calls", lambda select: f"SELECT * EXCLUDE (provider_request_id) FROM ({select})"
+)
 
 
 @dataclass(frozen=True, slots=True)
