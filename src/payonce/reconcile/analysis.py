@@ -55,21 +55,28 @@ SELECT h(s) AS h, s FROM (
 ) WHERE s IS NOT NULL;
 """
 
-_LINKS = """
--- Ids on several lines, found by sorting their 128-bit hashes and comparing
--- neighbours: nearly every id is on one line, and a hash table of a hundred million
--- distinct keys spilled at 4 GiB where the sort did not. Only the ids found here
--- are grouped; the others join as they are (see _GENERATIONS).
-CREATE TEMP TABLE multi_calls AS
-SELECT DISTINCT kp AS pid FROM (SELECT kp, lag(kp) OVER (ORDER BY kp) AS prev FROM calls
-                                WHERE kp IS NOT NULL) WHERE kp = prev;
-CREATE TEMP TABLE multi_lines AS
-SELECT DISTINCT kp AS gid FROM (SELECT kp, lag(kp) OVER (ORDER BY kp) AS prev FROM bill
-                                WHERE kp IS NOT NULL) WHERE kp = prev;
-CREATE TEMP TABLE multi_business AS
-SELECT DISTINCT kb FROM (SELECT kb, lag(kb) OVER (ORDER BY kb) AS prev FROM calls
-                         WHERE kb IS NOT NULL) WHERE kb = prev;
 
+def _seen_twice(name: str, key: str, table: str, alias: str) -> str:
+    """``CREATE`` table ``name`` of the ``key`` hashes on several rows of ``table``.
+
+    Found by sorting the hashes and comparing neighbours: nearly every id is on one
+    line, and a hash table of a hundred million distinct keys spilled at 4 GiB where
+    the sort did not.
+    """
+    return (
+        f"CREATE TEMP TABLE {name} AS SELECT DISTINCT {key} AS {alias} FROM"
+        f" (SELECT {key}, lag({key}) OVER (ORDER BY {key}) AS prev FROM {table}"
+        f" WHERE {key} IS NOT NULL) WHERE {key} = prev;\n"
+    )
+
+
+# Only the ids on several lines are grouped; the others join as they are (see
+# _GENERATIONS).
+_LINKS = (
+    _seen_twice("multi_calls", "kp", "calls", "pid")
+    + _seen_twice("multi_lines", "kp", "bill", "gid")
+    + _seen_twice("multi_business", "kb", "calls", "kb")
+    + """
 -- A request id on several call lines (a replay that names it, a log read twice):
 -- pick its business request deterministically, and count ids whose lines disagree.
 CREATE TEMP TABLE multi_links AS
@@ -88,6 +95,7 @@ UNION ALL
 SELECT kb, count(*), bool_or(success), min(ts), min(m), min(e), min(t)
 FROM calls SEMI JOIN multi_business USING (kb) GROUP BY kb;
 """
+)
 
 _GENERATIONS = """
 CREATE TABLE generations AS

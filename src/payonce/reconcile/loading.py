@@ -51,8 +51,7 @@ _TABLES = f"""
 -- joins and groupings keyed by the strings spilled tens of GiB.
 CREATE MACRO h(x) AS nullif(hash(x), hash(NULL::VARCHAR));
 CREATE TABLE calls (
-    src INTEGER, pos BIGINT, business_id VARCHAR, provider_request_id VARCHAR,
-    kb UHUGEINT, kp UHUGEINT,
+    src INTEGER, pos BIGINT, business_id VARCHAR, kb UHUGEINT, kp UHUGEINT,
     model VARCHAR, endpoint VARCHAR, tag VARCHAR, m UBIGINT, e UBIGINT, t UBIGINT,
     success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR,
     outcome VARCHAR, upstream_status BIGINT, upstream_attempts BIGINT,
@@ -513,16 +512,19 @@ def _normalize(
         f"{retry} AS unkeyed_retry",
     ]
     columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS]
-    return _hashed(f"SELECT {', '.join(columns)} FROM ({relation})", "kp", "kb")
+    # A call's request id is only ever joined on, so only its hash is kept.
+    return _hashed(f"SELECT {', '.join(columns)} FROM ({relation})", "kp", "kb", drop="kp")
 
 
-def _hashed(select: str, *keys: str) -> str:
+def _hashed(select: str, *keys: str, drop: str | None = None) -> str:
     # Hashed from the columns, not from their expressions: a line without a business
     # id gets a random one, which must be the same value in business_id and kb. A
-    # reader that uses neither (the usage reconciliation) computes neither.
+    # reader that uses neither (the usage reconciliation) computes neither. ``drop``
+    # leaves out the id whose hash is that key.
     ids = {"kp": "provider_request_id", "kb": "business_id"}
     hashes = ", ".join(f"md5_number({ids[key]}) AS {key}" for key in keys)
-    return f"SELECT *, {hashes} FROM ({select})"
+    kept = f"* EXCLUDE ({ids[drop]})" if drop else "*"
+    return f"SELECT {kept}, {hashes} FROM ({select})"
 
 
 _UPSTREAM_FIELDS = (

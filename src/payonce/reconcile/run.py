@@ -16,13 +16,7 @@ from payonce.reconcile.exports import (
     load_export,
 )
 from payonce.reconcile.keymap import KeyMap
-from payonce.reconcile.loading import (
-    LoadedSource,
-    Target,
-    create_tables,
-    load_source,
-    resolve_columns,
-)
+from payonce.reconcile.loading import LoadedSource, create_tables, load_source, resolve_columns
 from payonce.reconcile.report import InputSummary, Report
 from payonce.reconcile.schema import CALL_FIELDS, REQUEST_JOIN_CALL_FIELDS, Side
 from payonce.reconcile.sniff import detect_format, read_head, sniff
@@ -32,11 +26,6 @@ from payonce.reconcile.usage_report import UsageReport
 __all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
 
 USAGE_CALL_FIELDS = frozenset(CALL_FIELDS) - {"provider_request_id"}
-
-# The join needs only the hash of a call's request id (kp): the string is not kept.
-_NARROW_CALLS = Target(
-    "calls", lambda select: f"SELECT * EXCLUDE (provider_request_id) FROM ({select})"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +98,7 @@ def reconcile(
     engine = Engine(options.engine, progress)
     try:
         create_tables(engine)
-        loaded: list[LoadedSource] = [
-            load_source(engine, source, _NARROW_CALLS if source.side is Side.CALLS else None)
-            for source in sources
-        ]
+        loaded: list[LoadedSource] = [load_source(engine, source) for source in sources]
         files = {source.index: source.label for source in sources}
         result = analyse(engine, files, options.analysis)
     finally:
