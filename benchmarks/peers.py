@@ -127,6 +127,7 @@ class Options:
     calls: int
     call_seconds: int
     call_rate: float
+    control_share: float
     json_path: Path
     svg_path: Path
     install: bool
@@ -167,6 +168,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--calls", type=int, default=5000, help="workload 4")
     parser.add_argument("--call-seconds", type=int, default=30, help="workload 4")
     parser.add_argument("--call-rate", type=float, default=500, help="workload 4: starts/s")
+    parser.add_argument(
+        "--control-share",
+        type=float,
+        default=0.1,
+        help="workload 4: this many more calls per call sent direct, in the same run",
+    )
     parser.add_argument("--json", type=Path, default=Path("peers.json"), dest="json_path")
     parser.add_argument("--svg", type=Path, default=Path("peers.svg"), dest="svg_path")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install")
@@ -200,6 +207,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         calls=args.calls,
         call_seconds=args.call_seconds,
         call_rate=args.call_rate,
+        control_share=args.control_share,
         json_path=args.json_path,
         svg_path=args.svg_path,
         install=not args.no_install,
@@ -593,6 +601,9 @@ def run_load(job: dict[str, Any], workdir: Path, processes: int = 1) -> list[dic
         if "count" in job and processes > 1:
             share["count"] = job["count"] // processes + (part < job["count"] % processes)
             share["rate"] = job["rate"] / processes
+            if job.get("control_count"):
+                extra = int(job["control_count"])
+                share["control_count"] = extra // processes + (part < extra % processes)
         spec.write_text(json.dumps(share))
         command = [sys.executable, str(HERE / "peers_load.py"), str(spec)]
         if (os.cpu_count() or 1) >= 2:
@@ -898,55 +909,89 @@ def _summarised(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def workload4(stack: Stack) -> dict[str, Any]:
-    """Thousands of concurrent long keyed calls on one payonce worker."""
+    """Thousands of concurrent long keyed calls on one payonce worker.
+
+    Each run also sends ``--control-share`` more calls of the same kinds straight to
+    the simulator, from the same load generators in the same seconds: the added time
+    to first byte is the run's calls against those (the direct system's run, against
+    its own control, shows the method's noise). A separate direct run a minute
+    apart differs by hundreds of milliseconds at p99 on a small machine, so it is
+    kept only as ``vs_direct_run``.
+    """
     options = stack.options
     systems = ["direct"] + [name for name in options.systems if name.startswith("payonce")]
     rows: dict[str, list[dict[str, Any]]] = {}
-    seconds = options.call_seconds
     streams = options.calls // 2
     reset(stack.sim("fast")[1])  # workload 1 left a million bill lines in its memory
     with endpoints(stack, "fast", systems) as found:
-        for endpoint in found:  # one round: each takes call_seconds + the ramp
-            jobs = [
-                _calls_job(endpoint, streams, options.call_rate / 2, stream=True, seconds=1,
-                           token_ms=1000, tokens=seconds - 1, timeout=seconds * 4 + 60),
-                _calls_job(endpoint, options.calls - streams, options.call_rate / 2,
-                           stream=False, seconds=seconds, token_ms=0, tokens=16,
-                           timeout=seconds * 4 + 60),
-            ]  # fmt: skip
-            usage = Usage.now(endpoint.service.pid)
-            with (
-                Sampler(endpoint.service.pid, every=0.25) as sampler,
-                concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool,
-            ):
-                documents = list(pool.map(functools.partial(run_load, workdir=stack.workdir), jobs))
-            row: dict[str, Any] = {"calls": options.calls}
-            row |= usage.since(options.calls)
-            for label, docs in zip(("stream", "whole"), documents, strict=True):
-                results = [r for doc in docs for r in doc["results"]]
-                row[label] = _call_stats(results)
-            row["answered"] = row["stream"]["answered"] + row["whole"]["answered"]
-            row["rss_before_mib"] = sampler.before / 2**20
-            row["rss_peak_mib"] = sampler.peak / 2**20
-            row["rss_per_call_kib"] = (sampler.peak - sampler.before) / options.calls / 1024
-            row["peak_fds"] = sampler.peak_fds
-            row["load"] = load_average()[0]
-            rows.setdefault(endpoint.system, []).append(row)
-            print(
-                f"# w4 {endpoint.system}: answered {row['answered']}/{options.calls},"
-                f" stream TTFB p99 {row['stream']['ttfb_p99_ms'] or 0:.0f} ms,"
-                f" whole TTFB p99 {row['whole']['ttfb_p99_ms'] or 0:.0f} ms,"
-                f" RSS {row['rss_before_mib']:.0f} -> {row['rss_peak_mib']:.0f} MiB,"
-                f" fds {row['peak_fds']}, {row['cores_busy']:.2f} cores busy,"
-                f" waited for a core {row['runq_wait']:.0%} of the time",
-                flush=True,
-            )
-    base = rows.get("direct", [{}])[0]
-    for name, runs in rows.items():
-        for label in ("stream", "whole"):
-            if base and name != "direct":
-                _added(runs[0][label], base[label])
-    return {name: runs[0] for name, runs in rows.items()}
+        direct = found[0]
+        for number in range(options.rounds):  # interleaved: each takes call_seconds + the ramp
+            base: dict[str, Any] = {}
+            for endpoint in found:
+                row = _long_calls(stack, endpoint, direct, streams)
+                if endpoint.system == "direct":
+                    base = row
+                for label in ("stream", "whole"):
+                    if base and endpoint.system != "direct":
+                        row[f"{label}_vs_direct_run_ttfb_p99_ms"] = _difference(
+                            row[label]["ttfb_p99_ms"], base[label]["ttfb_p99_ms"]
+                        )
+                rows.setdefault(endpoint.system, []).append(row)
+                print(
+                    f"# w4 round {number + 1} {endpoint.system}: answered {row['answered']}/"
+                    f"{options.calls}, added TTFB p99 (same-run control) streams"
+                    f" {row['stream_added_ttfb_p99_ms'] or 0:+.0f} ms, whole"
+                    f" {row['whole_added_ttfb_p99_ms'] or 0:+.0f} ms,"
+                    f" RSS {row['rss_before_mib']:.0f} -> {row['rss_peak_mib']:.0f} MiB,"
+                    f" fds {row['peak_fds']}, {row['cores_busy']:.2f} cores busy,"
+                    f" waited for a core {row['runq_wait']:.0%} of the time",
+                    flush=True,
+                )
+    return _summarised(rows)
+
+
+def _difference(value: float | None, base: float | None) -> float | None:
+    return None if value is None or base is None else value - base
+
+
+def _long_calls(stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int) -> dict[str, Any]:
+    """One run of workload 4 on ``endpoint``, with its control calls to ``direct``."""
+    options = stack.options
+    seconds = options.call_seconds
+    kinds: list[tuple[int, dict[str, Any]]] = [
+        (streams, dict(stream=True, seconds=1, token_ms=1000, tokens=seconds - 1)),
+        (options.calls - streams, dict(stream=False, seconds=seconds, token_ms=0, tokens=16)),
+    ]
+    jobs = []
+    for count, kind in kinds:
+        job = _calls_job(endpoint, count, options.call_rate / 2, timeout=seconds * 4 + 60, **kind)
+        control = _calls_job(direct, 0, 0, timeout=0, **kind)
+        job["control"] = {"url": control["url"], "headers": control["headers"]}
+        job["control_count"] = round(count * options.control_share)
+        jobs.append(job)
+    usage = Usage.now(endpoint.service.pid)
+    with (
+        Sampler(endpoint.service.pid, every=0.25) as sampler,
+        concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool,
+    ):
+        documents = list(pool.map(functools.partial(run_load, workdir=stack.workdir), jobs))
+    row: dict[str, Any] = {"calls": options.calls}
+    row |= usage.since(options.calls)
+    for label, docs in zip(("stream", "whole"), documents, strict=True):
+        row[label] = _call_stats([r for doc in docs for r in doc["results"]])
+        row[f"control_{label}"] = _call_stats([r for doc in docs for r in doc["control"]])
+        for key in ("ttfb_p50_ms", "ttfb_p99_ms"):
+            row[f"{label}_{key}"] = row[label][key]
+            row[f"{label}_added_{key}"] = _difference(row[label][key], row[f"control_{label}"][key])
+    row["answered"] = row["stream"]["answered"] + row["whole"]["answered"]
+    row["control_answered"] = row["control_stream"]["answered"] + row["control_whole"]["answered"]
+    row["control_calls"] = row["control_stream"]["calls"] + row["control_whole"]["calls"]
+    row["rss_before_mib"] = sampler.before / 2**20
+    row["rss_peak_mib"] = sampler.peak / 2**20
+    row["rss_per_call_kib"] = (sampler.peak - sampler.before) / options.calls / 1024
+    row["peak_fds"] = sampler.peak_fds
+    row["load"] = load_average()[0]
+    return row
 
 
 # --------------------------------------------------------------------------- main

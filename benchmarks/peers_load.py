@@ -7,7 +7,11 @@ document on stdout. Two kinds of job:
   second (so a listen backlog never overflows), all of them in flight together when
   each lasts longer than the ramp. For each call: status, time to the first body
   byte and to the end, from the moment that call was sent. aiohttp, one connection
-  per call, no limit on connections.
+  per call, no limit on connections. With ``control`` (a URL and its headers) and
+  ``control_count``, that many more calls, spread evenly among the others, go there
+  instead (unkeyed): the same requests sent direct to the simulator by the same
+  process in the same seconds, so the difference of the two groups' times is the
+  system's own, whatever the machine was doing (reported as ``control``).
 * ``incident``: ``count`` business requests through the official openai SDK with
   its default retries (2) and ``timeout``, the SDK's own ``Idempotency-Key``
   (``client._idempotency_header``), ``concurrency`` at once. Its backoff is scaled
@@ -40,16 +44,21 @@ def raise_nofile() -> int:
 
 
 async def _one_call(
-    session: aiohttp.ClientSession, job: dict[str, Any], index: int, results: list[Any]
+    session: aiohttp.ClientSession,
+    job: dict[str, Any],
+    index: int,
+    results: list[Any],
+    control: bool = False,
 ) -> None:
-    headers = dict(job["headers"])
-    if job.get("key_prefix"):
+    target = job["control"] if control else job
+    headers = dict(target["headers"])
+    if job.get("key_prefix") and not control:
         headers["Idempotency-Key"] = f"{job['key_prefix']}-{index}-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     ttfb = None
     status = 0
     try:
-        async with session.post(job["url"], data=job["body"], headers=headers) as answer:
+        async with session.post(target["url"], data=job["body"], headers=headers) as answer:
             status = answer.status
             first = b""
             async for chunk in answer.content.iter_any():
@@ -74,19 +83,35 @@ def _why(body: bytes) -> str:
 
 async def calls(job: dict[str, Any]) -> dict[str, Any]:
     count, rate = int(job["count"]), float(job["rate"])
+    extra = int(job.get("control_count", 0)) if job.get("control") else 0
+    total = count + extra
+    # Every step-th start is a control call; the ramp keeps its length.
+    step = total // extra if extra else 0
+    rate *= total / count if count else 1.0
     results: list[Any] = [None] * count
+    controls: list[Any] = [None] * extra
     timeout = aiohttp.ClientTimeout(total=float(job["timeout"]))
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         tasks = []
         began = time.perf_counter()
-        for index in range(count):
+        made = sent = 0
+        for index in range(total):
             delay = began + index / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one_call(session, job, index, results)))
+            control = bool(step) and index % step == step - 1 and made < extra
+            if not control and sent == count:
+                control = True  # the rounding's remainder
+            if control:
+                call = _one_call(session, job, made, controls, control=True)
+                made += 1
+            else:
+                call = _one_call(session, job, sent, results)
+                sent += 1
+            tasks.append(asyncio.create_task(call))
         await asyncio.gather(*tasks)
-    return {"results": results}
+    return {"results": results, "control": controls}
 
 
 async def incident(job: dict[str, Any]) -> dict[str, Any]:

@@ -120,6 +120,10 @@ class _Transport:
     else reaches the socket (a close, an EOF, the protocol's own refusals) sends
     what is held first (:meth:`flush`), so the order on the wire is the order of
     the writes. Everything else is the real transport's own bound method.
+
+    Once the connection is lost it lets go of the protocol (:meth:`detach`): the
+    two referring to each other made every connection cyclic garbage, there for
+    the cycle collector to find with the event loop stopped.
     """
 
     __slots__ = (
@@ -140,7 +144,7 @@ class _Transport:
         self, raw: asyncio.Transport, protocol: GatewayProtocol, loop: asyncio.AbstractEventLoop
     ) -> None:
         self._raw = raw
-        self._protocol = protocol
+        self._protocol: GatewayProtocol | None = protocol
         self._loop = loop
         self._held: list[bytes] = []
         self.abort = raw.abort
@@ -177,10 +181,19 @@ class _Transport:
         self._raw.write_eof()
 
     def close(self) -> None:
-        self._protocol.close_connection()
+        protocol = self._protocol
+        if protocol is None:
+            self._raw.close()
+        else:
+            protocol.close_connection()
 
     def is_closing(self) -> bool:
-        return self._protocol.lingering or self._raw.is_closing()
+        protocol = self._protocol
+        return (protocol is not None and protocol.lingering) or self._raw.is_closing()
+
+    def detach(self) -> None:
+        """The connection is gone: forget the protocol (the ASGI task may still hold us)."""
+        self._protocol = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
@@ -232,6 +245,8 @@ class GatewayProtocol(HttpToolsProtocol):
             self._linger_timer = None
         self._discarding = True
         super().connection_lost(exc)
+        if self._transport is not None:
+            self._transport.detach()
 
     def shutdown(self) -> None:
         self._shutting_down = True

@@ -25,6 +25,7 @@ from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
+from payonce.gateway.collector import Collector
 from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
@@ -194,12 +195,11 @@ async def serve(
             logging.getLogger("uvicorn.error").addFilter(_BrokenOnPurpose())
             server = _Server(config, gateway)
             housekeeping = asyncio.create_task(gateway.background())
-            # Start-up objects never die: keep them out of every collection, and
-            # collect the young generation less often (each request allocates a lot
-            # of short-lived objects; measured in docs/benchmarks.md).
+            # Start-up objects never die: keep them out of every collection. The
+            # rest are collected on a timer between requests (gateway/collector.py).
             gc.collect()
             gc.freeze()
-            gc.set_threshold(7000, 20, 20)
+            collector = asyncio.create_task(Collector(gateway.metrics).run())
             log.info(
                 "payonce gateway on %s://%s:%d -> %s (store %s)",
                 "https" if settings.tls_cert else "http",
@@ -215,6 +215,7 @@ async def serve(
                     await gateway.drain(grace=settings.lease, housekeeping=housekeeping)
                 finally:
                     housekeeping.cancel()
+                    collector.cancel()
     finally:
         await store.close()
 

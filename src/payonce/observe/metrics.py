@@ -55,6 +55,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
 )  # fmt: skip
+_PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 # Distinct raw model names whose counter children are remembered, before the
@@ -208,6 +209,21 @@ class _Buckets:
         self.histogram._sum.inc(total)
 
 
+def _publish_buckets(buckets: _Buckets) -> None:
+    """With workers: add a histogram's counts kept in memory to its slots in the file."""
+    bucket_counts = buckets.counts
+    if any(bucket_counts):
+        bucket_slots = buckets.slots
+        for index, count in enumerate(bucket_counts):
+            if count:
+                view, at = bucket_slots[index]
+                view[at] += count
+                bucket_counts[index] = 0
+        view, at = buckets.sum_slot
+        view[at] += buckets.total
+        buckets.total = 0.0
+
+
 class Metrics:
     """One registry per gateway process. Updates are deferred (:class:`_Deferred`).
 
@@ -290,6 +306,20 @@ class Metrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=registry,
         )
+        # The event loop's own health (gateway/collector.py): with workers, summed.
+        self.gc_pause = Histogram(
+            "payonce_gc_pause_seconds",
+            "Time the event loop stood still in CPython's cycle collector, per collection.",
+            buckets=_PAUSE_BUCKETS,
+            registry=registry,
+        )
+        self.loop_lag = Histogram(
+            "payonce_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 0.1 s: how long a ready"
+            " request could have waited for its next step.",
+            buckets=_PAUSE_BUCKETS,
+            registry=registry,
+        )
         # With workers: the sum over the live workers (the supervisor removes a
         # dead worker's file, so what it had in flight does not linger).
         self.in_flight = Gauge(
@@ -323,7 +353,14 @@ class Metrics:
         self._saved_costs: dict[str | None, Any] = {}
         self.upstream_latency_buckets = _Buckets(self.upstream_latency, _LATENCY_BUCKETS)
         self.overhead_buckets = _Buckets(self.overhead, _OVERHEAD_BUCKETS)
-        self.deferred.histograms += [self.upstream_latency_buckets, self.overhead_buckets]
+        self.gc_pause_buckets = _Buckets(self.gc_pause, _PAUSE_BUCKETS)
+        self.loop_lag_buckets = _Buckets(self.loop_lag, _PAUSE_BUCKETS)
+        self.deferred.histograms += [
+            self.upstream_latency_buckets,
+            self.overhead_buckets,
+            self.gc_pause_buckets,
+            self.loop_lag_buckets,
+        ]
         self.in_flight_now = 0
         self._runs: Sized = ()  # the keyed runs in progress (count_runs)
         self._costs: dict[str | None, Any] = {}
@@ -358,6 +395,21 @@ class Metrics:
             self._scraped = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
 
+    def observe_gc_pause(self, seconds: float) -> None:
+        """One collection's pause (``payonce_gc_pause_seconds``)."""
+        self.gc_pause_buckets.observe(seconds)
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        """One tick's lateness (``payonce_event_loop_lag_seconds``), every 0.1 s.
+
+        With workers, written to this worker's file at once: an idle worker handles
+        no request that would publish it, and a scrape reads only the files.
+        """
+        self.loop_lag_buckets.observe(seconds)
+        if self.shared:
+            _publish_buckets(self.loop_lag_buckets)
+            _publish_buckets(self.gc_pause_buckets)
+
     def count_runs(self, runs: Sized) -> None:
         """``payonce_upstream_in_flight_calls`` is ``len(runs)``, the keyed runs in progress."""
         self._runs = runs
@@ -387,17 +439,7 @@ class Metrics:
                     view[index] += amount
             counts.clear()
         for buckets in self.deferred.histograms:
-            bucket_counts = buckets.counts
-            if any(bucket_counts):
-                bucket_slots = buckets.slots
-                for index, count in enumerate(bucket_counts):
-                    if count:
-                        view, at = bucket_slots[index]
-                        view[at] += count
-                        bucket_counts[index] = 0
-                view, at = buckets.sum_slot
-                view[at] += buckets.total
-                buckets.total = 0.0
+            _publish_buckets(buckets)
         self.publish_gauges()
 
     def _slot_of(self, child: Any) -> _Slot:

@@ -1,0 +1,122 @@
+"""When CPython's cycle collector runs in the gateway: on a timer, between requests.
+
+The collector stops the event loop while it traverses objects, and by its own
+schedule (allocation thresholds) it traverses the young generations whenever a
+count of allocations says so, in the middle of whatever request allocated. With
+5,000 calls of 30 s in flight each gen-1 collection traversed some 140,000
+live objects and stopped the loop for 100-150 ms, every 2 s while the calls were
+starting; streams whose first event came during one were that much later. The
+count it goes by is net of every deallocation, old objects' included, so a
+threshold does not bound the young generation either (docs/benchmarks.md,
+"The cycle collector at 5,000 calls in flight").
+
+So :class:`Collector` collects generations 0 and 1 itself every ``young_every``
+seconds (0.1): a young collection then holds at most two periods' survivors,
+whatever the allocation rate, and runs as a callback of its own between
+requests. The automatic schedule stays on for generation 0 only, as a safety
+net for a loop that does not turn. A full collection (generation 2) traverses
+everything alive, so it is rare: when the heap grew by a quarter since the last
+one (CPython's own rule, read here from the allocated blocks) and a minute has
+passed, or every ten minutes whatever happened. Reference cycles per request
+would make full collections matter; the gateway makes none
+(tests/gateway/test_no_cycles.py).
+
+The timer doubles as a probe of the loop: how late each tick ran is
+``payonce_event_loop_lag_seconds``; each collection's pause is
+``payonce_gc_pause_seconds`` (docs/observability.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["Collector", "PauseSink"]
+
+YOUNG_EVERY = 0.1
+FULL_AFTER = 60.0  # at least this long between full collections...
+FULL_GROWTH = 1.25  # ...and only if the heap grew by this much since the last one,
+FULL_EVERY = 600.0  # or this long has passed, whatever the heap did.
+# The automatic schedule: generation 0 when 7,000 more objects are alive than at
+# the last collection (what the gateway used before), never generations 1 and 2.
+THRESHOLDS = (7000, 1 << 30, 1 << 30)
+
+
+class PauseSink(Protocol):
+    """Where the collector's measurements go (the gateway's metrics)."""
+
+    def observe_gc_pause(self, seconds: float) -> None: ...
+
+    def observe_loop_lag(self, seconds: float) -> None: ...
+
+
+class Collector:
+    """Runs the young collections on a timer and the full ones rarely (see the module).
+
+    ``clock`` (monotonic seconds) and ``blocks`` (allocated memory blocks) are
+    injected for the tests; :meth:`tick` is one timer step, :meth:`run` the loop.
+    """
+
+    def __init__(
+        self,
+        sink: PauseSink | None = None,
+        *,
+        young_every: float = YOUNG_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+        blocks: Callable[[], int] = sys.getallocatedblocks,
+        collect: Callable[[int], int] = gc.collect,
+    ) -> None:
+        self.sink = sink
+        self.young_every = young_every
+        self._clock = clock
+        self._blocks = blocks
+        self._collect = collect
+        self._last_full = clock()
+        self._blocks_after_full = blocks()
+        self._started: dict[int, float] = {}
+        self.full_collections = 0
+
+    def tick(self) -> int:
+        """One step: a young collection, or a full one when it is due. The generation."""
+        now = self._clock()
+        since = now - self._last_full
+        full = since >= FULL_EVERY or (
+            since >= FULL_AFTER and self._blocks() >= self._blocks_after_full * FULL_GROWTH
+        )
+        generation = 2 if full else 1
+        self._collect(generation)
+        if full:
+            self.full_collections += 1
+            self._last_full = self._clock()
+            self._blocks_after_full = self._blocks()
+        return generation
+
+    async def run(self) -> None:
+        """Tick every ``young_every`` seconds until cancelled, with the automatic
+        schedule narrowed to generation 0 (restored when it stops)."""
+        loop = asyncio.get_running_loop()
+        before = gc.get_threshold()
+        gc.set_threshold(*THRESHOLDS)
+        gc.callbacks.append(self._timed)
+        try:
+            while True:
+                due = loop.time() + self.young_every
+                await asyncio.sleep(self.young_every)
+                if self.sink is not None:
+                    self.sink.observe_loop_lag(max(0.0, loop.time() - due))
+                self.tick()
+        finally:
+            gc.callbacks.remove(self._timed)
+            gc.set_threshold(*before)
+
+    def _timed(self, phase: str, info: dict[str, Any]) -> None:
+        # Every collection, the automatic ones included: what the loop stood still for.
+        generation = info["generation"]
+        if phase == "start":
+            self._started[generation] = time.perf_counter()
+        elif self.sink is not None and generation in self._started:
+            self.sink.observe_gc_pause(time.perf_counter() - self._started.pop(generation))

@@ -1,0 +1,100 @@
+"""The cycle collector on a timer (gateway/collector.py): its schedule, and what it reports.
+
+The schedule with an injected clock, heap size and collect function; the metrics
+from outside, by scraping real gateways (one process, and ``--workers 2``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx2 as httpx
+
+from payonce.gateway.collector import FULL_AFTER, FULL_EVERY, Collector
+from tests.gateway.conftest import GatewayFactory, chat
+from tests.support.exposition import metric
+from tests.support.processes import Process
+
+
+class _Heap:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.blocks = 1000
+        self.collected: list[int] = []
+
+    def collector(self) -> Collector:
+        return Collector(
+            clock=lambda: self.now,
+            blocks=lambda: self.blocks,
+            collect=lambda generation: self.collected.append(generation) or 0,
+        )
+
+
+def test_each_tick_collects_the_young_generations_only() -> None:
+    heap = _Heap()
+    collector = heap.collector()
+    for _ in range(50):
+        heap.now += 0.1
+        heap.blocks += 1000  # the heap grows fast: still no full collection this early
+        collector.tick()
+    assert heap.collected == [1] * 50
+
+
+def test_a_full_collection_waits_a_minute_and_a_quarter_more_heap() -> None:
+    heap = _Heap()
+    collector = heap.collector()
+    heap.now = FULL_AFTER + 1
+    heap.blocks = 1200  # grown by a fifth: not yet
+    assert collector.tick() == 1
+    heap.blocks = 1250  # by a quarter
+    assert collector.tick() == 2
+    assert collector.full_collections == 1
+    # Measured again from this one: the next needs another minute and another quarter.
+    heap.blocks = 2000
+    heap.now += FULL_AFTER / 2
+    assert collector.tick() == 1
+    heap.now += FULL_AFTER / 2 + 1
+    assert collector.tick() == 2
+
+
+def test_a_full_collection_comes_every_ten_minutes_whatever_the_heap_did() -> None:
+    heap = _Heap()
+    collector = heap.collector()
+    heap.now = FULL_EVERY - 1
+    heap.blocks = 900  # shrank
+    assert collector.tick() == 1
+    heap.now = FULL_EVERY
+    assert collector.tick() == 2
+
+
+def _scrape(gateway: Process) -> str:
+    return httpx.get(gateway.url + "/_payonce/metrics", timeout=10).text
+
+
+def _lag_count(gateway: Process) -> float:
+    return metric(_scrape(gateway), "payonce_event_loop_lag_seconds_count")
+
+
+def test_the_gateway_reports_its_loop_lag_and_collector_pauses(
+    start_gateway: GatewayFactory,
+) -> None:
+    gateway = start_gateway()
+    for number in range(20):
+        assert chat(gateway.url, f"collector-{number}").status_code == 200
+    first = _lag_count(gateway)
+    time.sleep(1.0)
+    text = _scrape(gateway)
+    # One tick every 0.1 s at most: at most 10 more a second, and some.
+    assert first < metric(text, "payonce_event_loop_lag_seconds_count") <= first + 12
+    assert metric(text, "payonce_gc_pause_seconds_count") > 0
+    assert metric(text, "payonce_gc_pause_seconds_sum") > 0
+
+
+def test_every_worker_reports_its_loop_lag_even_idle(start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway("--workers", "2")
+    window = 3.0
+    first = _lag_count(gateway)
+    time.sleep(window)
+    # One worker ticks at most window / 0.1 times: more than that is both of them,
+    # though neither answered a request that would publish its counts.
+    assert _lag_count(gateway) - first > window / 0.1 + 1
