@@ -6,12 +6,13 @@ document on stdout. Two kinds of job:
 * ``calls``: ``count`` POSTs (streams or whole responses) started at ``rate`` per
   second (so a listen backlog never overflows), all of them in flight together when
   each lasts longer than the ramp. For each call: status, time to the first body
-  byte and to the end, from the moment that call was sent. aiohttp, one connection
-  per call, no limit on connections. With ``control`` (a URL and its headers) and
-  ``control_count``, that many more calls, spread evenly among the others, go there
-  instead (unkeyed): the same requests sent direct to the simulator by the same
-  process in the same seconds, so the difference of the two groups' times is the
-  system's own, whatever the machine was doing (reported as ``control``).
+  byte and to the end, from the moment that call was sent. One connection per
+  call, no limit on connections, a plain asyncio protocol (:class:`_Exchange`).
+  With ``control`` (a URL and its headers) and ``control_count``, that many more
+  calls, spread evenly among the others, go there instead (unkeyed): the same
+  requests sent direct to the simulator by the same process in the same seconds,
+  so the difference of the two groups' times is the system's own, whatever the
+  machine was doing (reported as ``control``).
 * ``incident``: ``count`` business requests through the official openai SDK with
   its default retries (2) and ``timeout``, the SDK's own ``Idempotency-Key``
   (``client._idempotency_header``), ``concurrency`` at once. Its backoff is scaled
@@ -28,11 +29,10 @@ import json
 import resource
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 
 def raise_nofile() -> int:
@@ -43,32 +43,122 @@ def raise_nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+class _Exchange(asyncio.Protocol):
+    """One HTTP/1.1 request on its own connection, read to the end of its body.
+
+    A plain protocol rather than aiohttp's client: at 5,000 calls the load
+    generator's own CPU on the load core delayed every call, direct ones included
+    (docs/benchmarks.md, "Workload 4 at full size"), and this needs a fraction of
+    it. It notes the time of the first body byte and of the body's end (by its
+    Content-Length, or the chunked body's last chunk, or the server's close).
+    """
+
+    def __init__(self, request: bytes, started: float) -> None:
+        self.request = request
+        self.started = started
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.head = b""
+        self.status = 0
+        self.ttfb: float | None = None
+        self.total: float | None = None
+        self.first = b""  # the body's beginning, for a refusal's reason
+        self.length: int | None = None  # Content-Length, when given
+        self.chunked = False
+        self.received = 0
+        self.tail = b""  # a chunked body's last bytes, to see its end
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.write(self.request)  # type: ignore[union-attr]
+
+    def data_received(self, data: bytes) -> None:
+        if self.head is not None and self.status == 0:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, data = self.head[:end].lower(), self.head[end + 4 :]
+            self.status = int(head[9:12])
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name == b"content-length":
+                    self.length = int(value)
+                elif name == b"transfer-encoding" and b"chunked" in value:
+                    self.chunked = True
+            if not data and self.length != 0:
+                return
+        if self.ttfb is None:
+            self.ttfb = time.perf_counter() - self.started
+        if len(self.first) < 4096:
+            self.first += data[:4096]
+        self.received += len(data)
+        self.tail = (self.tail + data)[-7:]
+        if (self.length is not None and self.received >= self.length) or (
+            self.chunked and self.tail.endswith(b"0\r\n\r\n")
+        ):
+            self._finish()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # A server that closes instead of framing its body: the close is the end.
+        if self.status and not self.chunked and self.length is None:
+            self._finish()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _finish(self) -> None:
+        if self.total is None:
+            self.total = time.perf_counter() - self.started
+            if self.transport is not None:
+                self.transport.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def _request(target: dict[str, Any], body: bytes, headers: dict[str, str]) -> bytes:
+    url = urllib.parse.urlsplit(target["url"])
+    lines = [f"POST {url.path or '/'} HTTP/1.1", f"Host: {url.netloc}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode() + body
+
+
 async def _one_call(
-    session: aiohttp.ClientSession,
-    job: dict[str, Any],
-    index: int,
-    results: list[Any],
-    control: bool = False,
+    job: dict[str, Any], index: int, results: list[Any], control: bool = False
 ) -> None:
     target = job["control"] if control else job
     headers = dict(target["headers"])
     if job.get("key_prefix") and not control:
         headers["Idempotency-Key"] = f"{job['key_prefix']}-{index}-{uuid.uuid4().hex[:8]}"
+    url = urllib.parse.urlsplit(target["url"])
     started = time.perf_counter()
-    ttfb = None
-    status = 0
+    exchange = _Exchange(_request(target, job["body"].encode(), headers), started)
+    loop = asyncio.get_running_loop()
     try:
-        async with session.post(target["url"], data=job["body"], headers=headers) as answer:
-            status = answer.status
-            first = b""
-            async for chunk in answer.content.iter_any():
-                if ttfb is None and chunk:
-                    ttfb, first = time.perf_counter() - started, chunk
-        # A refusal says why (a problem+json's title and detail): the report counts reasons.
-        reason = "" if status == 200 else f"status {status}: {_why(first)}"
-        results[index] = [status, ttfb, time.perf_counter() - started, reason]
+        async with asyncio.timeout(float(job["timeout"])):
+            await loop.create_connection(lambda: exchange, url.hostname, url.port)
+            await exchange.done
     except Exception as exc:  # a failed call is a result, not a crash of the run
-        results[index] = [status, ttfb, time.perf_counter() - started, type(exc).__name__]
+        if exchange.transport is not None:
+            exchange.transport.abort()
+        results[index] = [exchange.status, exchange.ttfb, time.perf_counter() - started,
+                          type(exc).__name__]  # fmt: skip
+        return
+    total = exchange.total if exchange.total is not None else time.perf_counter() - started
+    if exchange.status == 200:
+        reason = "" if exchange.total is not None else "incomplete body"
+    else:
+        # A refusal says why (a problem+json's title and detail): the report counts reasons.
+        reason = f"status {exchange.status}: {_why(_unchunked(exchange.first))}"
+    results[index] = [exchange.status, exchange.ttfb, total, reason]
+
+
+def _unchunked(body: bytes) -> bytes:
+    """The first chunk's data, if ``body`` is chunked (a size line first); else ``body``."""
+    size, crlf, rest = body.partition(b"\r\n")
+    if crlf and size and all(c in b"0123456789abcdefABCDEF" for c in size):
+        return rest[: int(size, 16)]
+    return body
 
 
 def _why(body: bytes) -> str:
@@ -90,27 +180,24 @@ async def calls(job: dict[str, Any]) -> dict[str, Any]:
     rate *= total / count if count else 1.0
     results: list[Any] = [None] * count
     controls: list[Any] = [None] * extra
-    timeout = aiohttp.ClientTimeout(total=float(job["timeout"]))
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        tasks = []
-        began = time.perf_counter()
-        made = sent = 0
-        for index in range(total):
-            delay = began + index / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            control = bool(step) and index % step == step - 1 and made < extra
-            if not control and sent == count:
-                control = True  # the rounding's remainder
-            if control:
-                call = _one_call(session, job, made, controls, control=True)
-                made += 1
-            else:
-                call = _one_call(session, job, sent, results)
-                sent += 1
-            tasks.append(asyncio.create_task(call))
-        await asyncio.gather(*tasks)
+    tasks = []
+    began = time.perf_counter()
+    made = sent = 0
+    for index in range(total):
+        delay = began + index / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        control = bool(step) and index % step == step - 1 and made < extra
+        if not control and sent == count:
+            control = True  # the rounding's remainder
+        if control:
+            call = _one_call(job, made, controls, control=True)
+            made += 1
+        else:
+            call = _one_call(job, sent, results)
+            sent += 1
+        tasks.append(asyncio.create_task(call))
+    await asyncio.gather(*tasks)
     return {"results": results, "control": controls}
 
 

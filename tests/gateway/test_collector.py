@@ -40,7 +40,7 @@ def test_each_tick_collects_the_young_generations_only() -> None:
     assert heap.collected == [1] * 50
 
 
-def test_a_full_collection_waits_a_minute_and_a_quarter_more_heap() -> None:
+def test_a_full_collection_waits_five_minutes_and_a_quarter_more_heap() -> None:
     heap = _Heap()
     collector = heap.collector()
     heap.now = FULL_AFTER + 1
@@ -49,7 +49,7 @@ def test_a_full_collection_waits_a_minute_and_a_quarter_more_heap() -> None:
     heap.blocks = 1250  # by a quarter
     assert collector.tick() == 2
     assert collector.full_collections == 1
-    # Measured again from this one: the next needs another minute and another quarter.
+    # Measured again from this one: the next needs as long again and another quarter.
     heap.blocks = 2000
     heap.now += FULL_AFTER / 2
     assert collector.tick() == 1
@@ -57,7 +57,7 @@ def test_a_full_collection_waits_a_minute_and_a_quarter_more_heap() -> None:
     assert collector.tick() == 2
 
 
-def test_a_full_collection_comes_every_ten_minutes_whatever_the_heap_did() -> None:
+def test_a_full_collection_comes_every_half_hour_whatever_the_heap_did() -> None:
     heap = _Heap()
     collector = heap.collector()
     heap.now = FULL_EVERY - 1
