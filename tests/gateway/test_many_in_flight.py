@@ -29,6 +29,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from payonce.gateway.upstream_http import MAX_IDLE
 from tests.support.processes import Process, _wait_ready, free_port
 from tests.support.redis import running_redis
 
@@ -120,6 +121,28 @@ async def test_the_gateway_holds_more_calls_than_its_inherited_soft_limit(
 ) -> None:
     _, gateway = processes
     assert await _concurrent_calls(gateway.url, CALLS) == Counter({200: CALLS})
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections whose far end is 127.0.0.1:``port`` (/proc/net/tcp)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state = fields[2], fields[3]
+        if state == "01" and int(remote.split(":")[1], 16) == port:
+            count += 1
+    return count
+
+
+async def test_after_a_burst_the_gateway_keeps_few_idle_upstream_connections(
+    processes: tuple[Process, Process],
+) -> None:
+    """A burst of 300 calls left 300 idle connections to the upstream, kept until the
+    next request's release trimmed them; now at most ``MAX_IDLE`` are kept."""
+    sim, gateway = processes
+    assert await _concurrent_calls(gateway.url, CALLS) == Counter({200: CALLS})
+    port = int(sim.url.rsplit(":", 1)[1])
+    assert 0 < _connections_to(port) <= MAX_IDLE
 
 
 def _listen_backlog(url: str) -> int:

@@ -27,15 +27,20 @@ What it keeps of aiohttp's behaviour, which the gateway relies on:
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from collections.abc import Iterable
 
 import httptools
 
-__all__ = ["ConnectFailed", "Connection", "Pool"]
+__all__ = ["MAX_IDLE", "ConnectFailed", "Connection", "Pool"]
 
 # Body bytes held for a slow reader before the connection stops reading.
 _HIGH_WATER = 256 * 1024
+# Idle keep-alive connections kept per upstream host: a burst of thousands of calls
+# must not leave thousands of sockets open (and as many held by the upstream)
+# until the next request trims them. Beyond it, the longest idle is closed.
+MAX_IDLE = 100
 # A response head larger than this is not an upstream's (aiohttp refuses lines
 # over 8 KiB); the connection is dropped as broken.
 _MAX_HEAD_BYTES = 256 * 1024
@@ -250,7 +255,7 @@ class Pool:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if tls else None
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
-        self._idle: list[Connection] = []
+        self._idle: collections.deque[Connection] = collections.deque()
         self.loop = asyncio.get_running_loop()
 
     async def acquire(self) -> Connection:
@@ -284,17 +289,19 @@ class Pool:
         now = self.loop.time()
         connection.idle_since = now
         idle = self._idle
+        if len(idle) >= MAX_IDLE:
+            idle.popleft().close()
         idle.append(connection)
         # The oldest are at the front: close those idle too long.
         while idle[0].idle_since < now - self._keepalive:
-            idle.pop(0).close()
+            idle.popleft().close()
 
     def forget(self, connection: Connection) -> None:
         if connection in self._idle:
             self._idle.remove(connection)
 
     def close(self) -> None:
-        idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, collections.deque()
         for connection in idle:
             connection.close()
 
