@@ -320,6 +320,24 @@ class Sampler:
         self._thread.join()
 
 
+def histogram(url: str, name: str) -> dict[float, float]:
+    """The cumulative buckets of histogram ``name`` at ``url``'s /_payonce/metrics (le: count)."""
+    with urllib.request.urlopen(f"{url}/_payonce/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.MULTILINE)
+    return {float(bound): float(count) for bound, count in found}
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q`` of what was observed between
+    two scrapes (seconds; inf if past the last bound, 0 if nothing was observed)."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    if not total:
+        return 0.0
+    return next(bound for bound, count in counts.items() if count >= q * total)
+
+
 def raise_nofile() -> int:
     """This process's (and so every child's) descriptor limit, raised to the hard limit."""
     return peers_load.raise_nofile()
@@ -925,10 +943,11 @@ def workload4(stack: Stack) -> dict[str, Any]:
     reset(stack.sim("fast")[1])  # workload 1 left a million bill lines in its memory
     with endpoints(stack, "fast", systems) as found:
         direct = found[0]
+        idle = {endpoint.system: rss_bytes(endpoint.service.pid) for endpoint in found}
         for number in range(options.rounds):  # interleaved: each takes call_seconds + the ramp
             base: dict[str, Any] = {}
             for endpoint in found:
-                row = _long_calls(stack, endpoint, direct, streams)
+                row = _long_calls(stack, endpoint, direct, streams, idle[endpoint.system])
                 if endpoint.system == "direct":
                     base = row
                 for label in ("stream", "whole"):
@@ -954,8 +973,15 @@ def _difference(value: float | None, base: float | None) -> float | None:
     return None if value is None or base is None else value - base
 
 
-def _long_calls(stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int) -> dict[str, Any]:
-    """One run of workload 4 on ``endpoint``, with its control calls to ``direct``."""
+def _long_calls(
+    stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int, idle: int
+) -> dict[str, Any]:
+    """One run of workload 4 on ``endpoint``, with its control calls to ``direct``.
+
+    ``idle``: the process's RSS before its first run (a Python heap, once grown, is
+    not given back: later rounds start higher). payonce's own histograms say how
+    late its event loop was and how long the cycle collector stopped it.
+    """
     options = stack.options
     seconds = options.call_seconds
     kinds: list[tuple[int, dict[str, Any]]] = [
@@ -969,6 +995,9 @@ def _long_calls(stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int
         job["control"] = {"url": control["url"], "headers": control["headers"]}
         job["control_count"] = round(count * options.control_share)
         jobs.append(job)
+    own = endpoint.system.startswith("payonce")
+    names = ("payonce_event_loop_lag_seconds", "payonce_gc_pause_seconds")
+    before = {name: histogram(endpoint.url, name) for name in names} if own else {}
     usage = Usage.now(endpoint.service.pid)
     with (
         Sampler(endpoint.service.pid, every=0.25) as sampler,
@@ -976,6 +1005,11 @@ def _long_calls(stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int
     ):
         documents = list(pool.map(functools.partial(run_load, workdir=stack.workdir), jobs))
     row: dict[str, Any] = {"calls": options.calls}
+    if own:
+        after = {name: histogram(endpoint.url, name) for name in names}
+        lag, pause = names
+        row["loop_lag_p99_ms"] = 1000 * bucket_quantile(before[lag], after[lag], 0.99)
+        row["gc_pause_max_ms"] = 1000 * bucket_quantile(before[pause], after[pause], 1.0)
     row |= usage.since(options.calls)
     for label, docs in zip(("stream", "whole"), documents, strict=True):
         row[label] = _call_stats([r for doc in docs for r in doc["results"]])
@@ -986,9 +1020,9 @@ def _long_calls(stack: Stack, endpoint: Endpoint, direct: Endpoint, streams: int
     row["answered"] = row["stream"]["answered"] + row["whole"]["answered"]
     row["control_answered"] = row["control_stream"]["answered"] + row["control_whole"]["answered"]
     row["control_calls"] = row["control_stream"]["calls"] + row["control_whole"]["calls"]
-    row["rss_before_mib"] = sampler.before / 2**20
+    row["rss_before_mib"] = idle / 2**20
     row["rss_peak_mib"] = sampler.peak / 2**20
-    row["rss_per_call_kib"] = (sampler.peak - sampler.before) / options.calls / 1024
+    row["rss_per_call_kib"] = (sampler.peak - idle) / options.calls / 1024
     row["peak_fds"] = sampler.peak_fds
     row["load"] = load_average()[0]
     return row

@@ -114,8 +114,8 @@ def table(report: dict[str, Any]) -> str:
         out += ["", f"| system ({calls} calls of {seconds} s) | answered | streams: TTFB p99 ms"]
         out[-1] += " | added p50 / p99 ms | whole responses: TTFB p99 ms | added p50 / p99 ms"
         out[-1] += " | RSS idle → peak MiB | KiB per call | peak fds | CPU ms per call"
-        out[-1] += " | waited for a core |"
-        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        out[-1] += " | waited for a core | loop lag p99 ms | collector pause max ms |"
+        out += ["|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload4"].items():
             cells = [name, f"{_range(row['answered'], '.0f')}/{calls}"]
             for label in ("stream", "whole"):
@@ -131,11 +131,14 @@ def table(report: dict[str, Any]) -> str:
             cells.append(_range(row["peak_fds"], ".0f"))
             cells.append(_range(row["cpu_us_per_call"], ".2f", 1e-3))
             cells.append(_range(row.get("runq_wait"), ".0%"))
+            cells.append(_range(row.get("loop_lag_p99_ms"), ".0f"))
+            cells.append(_range(row.get("gc_pause_max_ms"), ".0f"))
             out.append("| " + " | ".join(cells) + " |")
         out += [
             "",
             "added: against calls of the same kinds sent direct to the simulator by the same"
-            " load generators in the same run (the direct row: its own noise)",
+            " load generators in the same run (the direct row: its own noise). Loop lag and"
+            " collector pauses: payonce's own histograms (upper bound of the bucket).",
         ]
     loads = report.get("load_average", {})
     out += ["", "load average (1, 5, 15 min): "]
