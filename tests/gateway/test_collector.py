@@ -10,7 +10,7 @@ import time
 
 import httpx2 as httpx
 
-from payonce.gateway.collector import FULL_AFTER, FULL_EVERY, Collector
+from payonce.gateway.collector import FULL_AFTER, FULL_EVERY, QUIET, Collector
 from tests.gateway.conftest import GatewayFactory, chat
 from tests.support.exposition import metric
 from tests.support.processes import Process
@@ -21,12 +21,14 @@ class _Heap:
         self.now = 0.0
         self.blocks = 1000
         self.collected: list[int] = []
+        self.in_flight = 0
 
     def collector(self) -> Collector:
         return Collector(
             clock=lambda: self.now,
             blocks=lambda: self.blocks,
             collect=lambda generation: self.collected.append(generation) or 0,
+            busy=lambda: self.in_flight,
         )
 
 
@@ -57,11 +59,23 @@ def test_a_full_collection_waits_five_minutes_and_a_quarter_more_heap() -> None:
     assert collector.tick() == 2
 
 
+def test_a_due_full_collection_waits_for_few_calls_in_flight() -> None:
+    heap = _Heap()
+    collector = heap.collector()
+    heap.now, heap.blocks, heap.in_flight = FULL_AFTER + 1, 5000, 5000
+    for _ in range(100):  # thousands in flight: a full collection would stop them all
+        heap.now += 0.1
+        assert collector.tick() == 1
+    heap.in_flight = QUIET
+    assert collector.tick() == 2
+
+
 def test_a_full_collection_comes_every_half_hour_whatever_the_heap_did() -> None:
     heap = _Heap()
     collector = heap.collector()
     heap.now = FULL_EVERY - 1
     heap.blocks = 900  # shrank
+    heap.in_flight = 5000  # and never quiet
     assert collector.tick() == 1
     heap.now = FULL_EVERY
     assert collector.tick() == 2

@@ -16,13 +16,15 @@ whatever the allocation rate, and runs as a callback of its own between
 requests. The automatic schedule stays on for generation 0 only, as a safety
 net for a loop that does not turn. A full collection (generation 2) traverses
 everything alive (570 ms with 5,000 calls in flight on the benchmark machine),
-so it is rare: when the heap grew by a quarter since the last one (CPython's own
-rule, read here from the allocated blocks) and five minutes have passed, or
-every half hour whatever happened. What only a full collection frees is cyclic
-garbage that lived long enough to be promoted first (200 ms here); a call makes
-none (tests/gateway/test_no_cycles.py; a census of 400 calls' garbage found
-nothing), so waiting costs memory only where some other path makes cycles, and
-the ``payonce_gc_pause_seconds`` histogram shows how long the waits were.
+so it is rare and waits for a quiet moment: when the heap grew by a quarter
+since the last one (CPython's own rule, read here from the allocated blocks),
+five minutes have passed, and at most ``QUIET`` keyed calls are in flight (few
+calls to delay, and a small heap to traverse); or every half hour whatever
+happened. One that came with 5,000 calls in flight stopped the loop for over a
+second. What only a full collection frees is cyclic garbage that lived long
+enough to be promoted first (200 ms here); a call makes none
+(tests/gateway/test_no_cycles.py; a census of 400 calls' garbage found
+nothing), so waiting costs memory only where some other path makes cycles.
 
 The timer doubles as a probe of the loop: how late each tick ran is
 ``payonce_event_loop_lag_seconds``; each collection's pause is
@@ -44,6 +46,7 @@ YOUNG_EVERY = 0.1
 FULL_AFTER = 300.0  # at least this long between full collections...
 FULL_GROWTH = 1.25  # ...and only if the heap grew by this much since the last one,
 FULL_EVERY = 1800.0  # or this long has passed, whatever the heap did.
+QUIET = 10  # a due full collection waits while more keyed calls than this are in flight
 # The automatic schedule: generation 0 when 7,000 more objects are alive than at
 # the last collection (what the gateway used before), never generations 1 and 2.
 THRESHOLDS = (7000, 1 << 30, 1 << 30)
@@ -60,8 +63,9 @@ class PauseSink(Protocol):
 class Collector:
     """Runs the young collections on a timer and the full ones rarely (see the module).
 
-    ``clock`` (monotonic seconds) and ``blocks`` (allocated memory blocks) are
-    injected for the tests; :meth:`tick` is one timer step, :meth:`run` the loop.
+    ``busy`` counts the keyed calls in flight. ``clock`` (monotonic seconds) and
+    ``blocks`` (allocated memory blocks) are injected for the tests; :meth:`tick` is
+    one timer step, :meth:`run` the loop.
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         blocks: Callable[[], int] = sys.getallocatedblocks,
         collect: Callable[[int], int] = gc.collect,
+        busy: Callable[[], int] = lambda: 0,
     ) -> None:
         self.sink = sink
+        self._busy = busy
         self.young_every = young_every
         self._clock = clock
         self._blocks = blocks
@@ -88,7 +94,9 @@ class Collector:
         now = self._clock()
         since = now - self._last_full
         full = since >= FULL_EVERY or (
-            since >= FULL_AFTER and self._blocks() >= self._blocks_after_full * FULL_GROWTH
+            since >= FULL_AFTER
+            and self._busy() <= QUIET
+            and self._blocks() >= self._blocks_after_full * FULL_GROWTH
         )
         generation = 2 if full else 1
         self._collect(generation)

@@ -199,7 +199,10 @@ async def serve(
             # rest are collected on a timer between requests (gateway/collector.py).
             gc.collect()
             gc.freeze()
-            collector = asyncio.create_task(Collector(gateway.metrics).run())
+            running = gateway.running
+            collector = asyncio.create_task(
+                Collector(gateway.metrics, busy=lambda: len(running)).run()
+            )
             log.info(
                 "payonce gateway on %s://%s:%d -> %s (store %s)",
                 "https" if settings.tls_cert else "http",
