@@ -11,24 +11,24 @@ from ``payonce_requests_total{outcome}``. Cost per successful call:
 ``payonce_cost_usd_total`` over ``payonce_requests_total{status_class="2xx"}``.
 
 One process (``payonce serve``): the metrics live in memory and are counted
-into prometheus-client at scrape time (:class:`_Deferred`). Several
+into prometheus-client at scrape time (:class:`Deferred`). Several
 (``--workers N``): each worker's metrics live in prometheus-client's
 multiprocess files in a directory the supervisor made (``Metrics(shared=DIR)``),
-each count written as it is made (:class:`_Slots`); a scrape, whichever worker
+each count written as it is made (:class:`Slots`); a scrape, whichever worker
 takes it, sums every file, dead workers' included (docs/observability.md, "Workers").
 """
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from payonce.observe.counting import Buckets, Deferred, Slot, Slots, use_values
 from payonce.observe.limit_metrics import limit_counters
 from payonce.observe.pricing import PRICES, priced_name
 
@@ -79,153 +79,14 @@ def model_label(model: str | None) -> str:
     return name if name is not None else "other"
 
 
-# prometheus-client's multiprocess value class of each shared directory (one per process).
-_shared_values: dict[str, Any] = {}
-
-
-def _use_values(shared: str | None) -> None:
-    """Make the metrics this process creates from now on in-memory, or files in ``shared``.
-
-    prometheus-client picks its value class once, when it is first imported, from
-    ``PROMETHEUS_MULTIPROC_DIR``. A ``--workers`` supervisor has imported it before
-    it forks, and a variable inherited from the operator's shell is not the
-    gateway's directory: so the choice is made here, for the process, before its
-    metrics exist. ``PROMETHEUS_MULTIPROC_DIR`` is also set, in this process only:
-    prometheus-client reads it again for each value it creates.
-    """
-    if shared is None:
-        values.ValueClass = values.MutexValue
-        return
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared
-    value_class = _shared_values.get(shared)
-    if value_class is None:
-        value_class = _shared_values[shared] = values.MultiProcessValue()  # type: ignore[no-untyped-call]
-    values.ValueClass = value_class
-
-
-# A multiprocess value's place in its worker's file: the file's bytes seen as
-# doubles, and the index of the value's double.
-_Slot = tuple["memoryview[float]", int]
-
-
-class _Slots:
-    """Where each multiprocess value of this worker lives in its file, found once.
-
-    prometheus-client's ``inc`` and ``set`` take a lock and call ``os.getpid()``
-    (a system call) on every update, to survive a fork after the metric was
-    made, then pack 16 bytes into the file through three Python calls. A
-    worker's metrics are made after its fork and only its event loop's thread
-    updates them, so an update here is one store of a double, 8-byte aligned,
-    into the mapped file: ``view[index] += amount``. The value's own copy in
-    memory (``MmapedValue._value``) is not kept up to date: the file is the
-    truth, and every scrape reads the files; so each value is updated one way
-    only, through its slot (the one exception, ``payonce_unprotected_forwards_total``,
-    rare, only ever through prometheus-client's ``inc``). A file that grows is mapped anew
-    by prometheus-client; a view keeps its older mapping, of the same pages,
-    alive. ``_file``, ``_m``, ``_positions`` and ``_key`` are prometheus-client's
-    (pinned by tests/observe/test_metrics_shared.py).
-    """
-
-    def __init__(self) -> None:
-        self._views: dict[int, tuple[Any, memoryview[float]]] = {}  # id(mmap) -> (mmap, view)
-        self.of_value: dict[Any, _Slot] = {}  # MmapedValue -> its slot
-
-    def of(self, value: Any) -> _Slot:
-        slot = self.of_value.get(value)
-        if slot is None:
-            file = value._file
-            mapped = file._m
-            known = self._views.get(id(mapped))
-            if known is None:
-                known = self._views[id(mapped)] = (mapped, memoryview(mapped).cast("d"))
-            # The value's double; its timestamp, the next one, stays 0.
-            slot = self.of_value[value] = (known[1], file._positions[value._key] // 8)
-        return slot
-
-
 def _status_class(status: int) -> str:
     if status == 499:
         return "499"
     return f"{min(max(status // 100, 1), 5)}xx"
 
 
-class _Deferred:
-    """Counts kept as plain numbers on the request path, applied to Prometheus at scrape time.
-
-    A prometheus-client update takes a lock and several calls (about a
-    microsecond each); the gateway makes a dozen per request. Summing into a
-    dict and applying the sums when someone scrapes costs a tenth of that
-    (docs/benchmarks.md, observability).
-    """
-
-    def __init__(self) -> None:
-        self.counts: dict[Any, float] = {}
-        self.histograms: list[_Buckets] = []
-
-    def add(self, child: Any, amount: float = 1.0) -> None:
-        counts = self.counts
-        counts[child] = counts.get(child, 0.0) + amount
-
-    def apply(self) -> None:
-        counts, self.counts = self.counts, {}
-        for child, amount in counts.items():
-            if amount:
-                child.inc(amount)
-        for histogram in self.histograms:
-            histogram.apply()
-
-
-class _Buckets:
-    """A histogram's bucket counts and sum, kept as plain numbers until :meth:`apply`."""
-
-    def __init__(self, histogram: Histogram, bounds: tuple[float, ...]) -> None:
-        self.histogram = histogram
-        # Floats: bisect compares each one with a float, and float < int is the slow path.
-        self.bounds = tuple(float(bound) for bound in bounds)
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        # With workers: where each bucket and the sum live in the worker's file.
-        self.slots: list[_Slot] = []
-        self.sum_slot: _Slot = (memoryview(b"").cast("d"), 0)
-
-    def share(self, places: _Slots) -> None:
-        self.slots = [places.of(bucket) for bucket in self.histogram._buckets]
-        self.sum_slot = places.of(self.histogram._sum)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def apply(self) -> None:
-        counts, self.counts = self.counts, [0] * len(self.counts)
-        total, self.total = self.total, 0.0
-        if not any(counts):
-            return
-        # prometheus-client has no bulk observe: add to its bucket values directly
-        # (Histogram._buckets and ._sum, stable since 0.4; pinned by the tests).
-        for index, count in enumerate(counts):
-            if count:
-                self.histogram._buckets[index].inc(count)
-        self.histogram._sum.inc(total)
-
-
-def _publish_buckets(buckets: _Buckets) -> None:
-    """With workers: add a histogram's counts kept in memory to its slots in the file."""
-    bucket_counts = buckets.counts
-    if any(bucket_counts):
-        bucket_slots = buckets.slots
-        for index, count in enumerate(bucket_counts):
-            if count:
-                view, at = bucket_slots[index]
-                view[at] += count
-                bucket_counts[index] = 0
-        view, at = buckets.sum_slot
-        view[at] += buckets.total
-        buckets.total = 0.0
-
-
 class Metrics:
-    """One registry per gateway process. Updates are deferred (:class:`_Deferred`).
+    """One registry per gateway process. Updates are deferred (:class:`Deferred`).
 
     ``shared``: the directory of a ``--workers`` gateway's metrics, where this
     worker writes its counts (as an upstream call or a request ends) and
@@ -233,10 +94,10 @@ class Metrics:
     """
 
     def __init__(self, shared: str | None = None) -> None:
-        _use_values(shared)
+        use_values(shared)
         self.shared = shared is not None
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        self.deferred = _Deferred()
+        self.deferred = Deferred()
         requests = Counter(
             "payonce_requests",
             "Client requests answered, by outcome and status class.",
@@ -351,10 +212,10 @@ class Metrics:
             kind: self.duplicates_prevented.labels(kind) for kind in ("replayed", "joined")
         }
         self._saved_costs: dict[str | None, Any] = {}
-        self.upstream_latency_buckets = _Buckets(self.upstream_latency, _LATENCY_BUCKETS)
-        self.overhead_buckets = _Buckets(self.overhead, _OVERHEAD_BUCKETS)
-        self.gc_pause_buckets = _Buckets(self.gc_pause, _PAUSE_BUCKETS)
-        self.loop_lag_buckets = _Buckets(self.loop_lag, _PAUSE_BUCKETS)
+        self.upstream_latency_buckets = Buckets(self.upstream_latency, _LATENCY_BUCKETS)
+        self.overhead_buckets = Buckets(self.overhead, _OVERHEAD_BUCKETS)
+        self.gc_pause_buckets = Buckets(self.gc_pause, _PAUSE_BUCKETS)
+        self.loop_lag_buckets = Buckets(self.loop_lag, _PAUSE_BUCKETS)
         self.deferred.histograms += [
             self.upstream_latency_buckets,
             self.overhead_buckets,
@@ -382,9 +243,9 @@ class Metrics:
             self.upstream_in_flight.set_function(lambda: len(self._runs))
             self._scraped = registry
         else:
-            self._places = places = _Slots()
-            self._slots: dict[Any, _Slot] = {}  # counter child -> its slot
-            self._answered_slots: dict[tuple[str, int], tuple[_Slot, ...]] = {}
+            self._places = places = Slots()
+            self._slots: dict[Any, Slot] = {}  # counter child -> its slot
+            self._answered_slots: dict[tuple[str, int], tuple[Slot, ...]] = {}
             self._in_flight_slot = places.of(self.in_flight._value)
             self._runs_slot = places.of(self.upstream_in_flight._value)
             self._spent_input_slot = self._slot_of(self.spent_input)
@@ -407,8 +268,8 @@ class Metrics:
         """
         self.loop_lag_buckets.observe(seconds)
         if self.shared:
-            _publish_buckets(self.loop_lag_buckets)
-            _publish_buckets(self.gc_pause_buckets)
+            self.loop_lag_buckets.publish()
+            self.gc_pause_buckets.publish()
 
     def count_runs(self, runs: Sized) -> None:
         """``payonce_upstream_in_flight_calls`` is ``len(runs)``, the keyed runs in progress."""
@@ -439,14 +300,14 @@ class Metrics:
                     view[index] += amount
             counts.clear()
         for buckets in self.deferred.histograms:
-            _publish_buckets(buckets)
+            buckets.publish()
         self.publish_gauges()
 
-    def _slot_of(self, child: Any) -> _Slot:
+    def _slot_of(self, child: Any) -> Slot:
         slot = self._slots[child] = self._places.of(child._value)
         return slot
 
-    def _answered_slots_of(self, key: tuple[str, int]) -> tuple[_Slot, ...]:
+    def _answered_slots_of(self, key: tuple[str, int]) -> tuple[Slot, ...]:
         """The values an answered (outcome, status) adds to (as :meth:`_apply_answered`)."""
         outcome, status = key
         found = [self._requests[(outcome, _status_class(status))]]
@@ -515,7 +376,7 @@ class Metrics:
         child = self._upstream_statuses.get(status) or self.upstream_child(status)
         counts[child] = counts.get(child, 0.0) + 1.0
         latency = facts.latency
-        if latency is not None:  # _Buckets.observe, inlined
+        if latency is not None:  # Buckets.observe, inlined
             buckets = self.upstream_latency_buckets
             buckets.counts[bisect_left(buckets.bounds, latency)] += 1
             buckets.total += latency
@@ -536,7 +397,7 @@ class Metrics:
     def _upstream_call_shared(self, facts: UpstreamFacts) -> None:
         """:meth:`upstream_call` with workers: each count written to the file at once.
 
-        Each update is one store into the mapped file (:class:`_Slots`), found
+        Each update is one store into the mapped file (:class:`Slots`), found
         through a slot resolved once per series.
         """
         slots = self._slots
@@ -588,7 +449,7 @@ class Metrics:
         latency = record.upstream_latency
         if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
             overhead = finished - record.started - latency
-            if overhead > 0.0:  # _Buckets.observe, inlined (0 adds nothing to the sum)
+            if overhead > 0.0:  # Buckets.observe, inlined (0 adds nothing to the sum)
                 buckets = self.overhead_buckets
                 buckets.counts[bisect_left(buckets.bounds, overhead)] += 1
                 buckets.total += overhead
