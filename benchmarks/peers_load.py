@@ -73,7 +73,7 @@ class _Exchange(asyncio.Protocol):
         self.transport.write(self.request)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
-        if self.head is not None and self.status == 0:
+        if self.status == 0:  # still reading the head
             self.head += data
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
