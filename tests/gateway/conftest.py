@@ -23,7 +23,12 @@ def start_gateway(fresh_sim: Sim, tmp_path: Path) -> Iterator[GatewayFactory]:
     """Start gateways in front of the sim; each call may pass extra ``serve`` flags."""
     started: list[Process] = []
 
-    def start(*flags: str, store: str | None = None, port: int | None = None) -> Process:
+    def start(
+        *flags: str,
+        store: str | None = None,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Process:
         args = [
             "serve",
             "--upstream",
@@ -32,7 +37,7 @@ def start_gateway(fresh_sim: Sim, tmp_path: Path) -> Iterator[GatewayFactory]:
             store or f"sqlite:///{tmp_path}/payonce.db",
         ]
         process = start_payonce(
-            [*args, *flags], log_dir=tmp_path, ready_path="/_payonce/health", port=port
+            [*args, *flags], log_dir=tmp_path, ready_path="/_payonce/health", port=port, env=env
         )
         started.append(process)
         return process

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,8 @@ DEFER = 0.02
 # Primary result codes (the low byte of the extended code) that mean "another
 # connection holds a lock": retried, never a failure until the timeout.
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+# What a batch meets while the checkpointer holds this process's writes.
+_HELD = sqlite3.OperationalError("database is locked (held while the WAL starts over)")
 
 
 def is_busy(exc: sqlite3.Error) -> bool:
@@ -91,8 +94,16 @@ class GroupCommit:
         translate: Callable[[sqlite3.Error], Exception],
         *,
         timeout: float = 5.0,
+        hold: threading.Event | None = None,
     ) -> None:
+        """``hold``: while set, no batch starts; they wait as if the database were locked.
+
+        The checkpointer sets it for the moment it starts the WAL over
+        (:mod:`payonce.store.checkpoint`): no write of this process may come
+        between its checkpoint and its restart.
+        """
         self._db = db
+        self._hold = hold
         self._translate = translate
         self._timeout = timeout
         self._pending: list[_Write] = []
@@ -211,6 +222,8 @@ class GroupCommit:
         """Run ``batch`` as one transaction and hand out its results; raise _Busy to retry."""
         db = self._db
         results: list[Any] = []
+        if self._hold is not None and self._hold.is_set():
+            raise _Busy(_HELD)
         try:
             if len(batch) > 1:
                 db.execute("BEGIN IMMEDIATE")

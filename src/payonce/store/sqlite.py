@@ -4,7 +4,10 @@ sqlite3 runs inline on the event loop: each statement here is a few tens of
 microseconds, and a thread hand-off (aiosqlite) measured slower per request on
 this project's machines (docs/benchmarks.md). WAL mode lets readers proceed while
 one writer commits; ``synchronous=NORMAL`` keeps a process crash safe (an OS
-crash may lose the last commits, which only means a retry runs again).
+crash may lose the last commits, which only means a retry runs again) and
+syncs nothing at commit. What does sync the disk, checkpoints and the WAL
+starting over, runs on a thread (:mod:`payonce.store.checkpoint`): this
+connection never checkpoints.
 
 Every state change is a single statement, hence atomic across processes too.
 Writes submitted in the same event-loop turn share one transaction
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +44,7 @@ import orjson
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
 from payonce.store.sealing import PLAIN, Codec
 from payonce.store.waiters import Waiters
@@ -177,7 +182,7 @@ class SQLiteStore:
             self._db = sqlite3.connect(
                 path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             self._db.execute("PRAGMA synchronous=NORMAL")
             row = (
                 self._db.execute(
@@ -210,7 +215,16 @@ class SQLiteStore:
         # From here on a lock never blocks the loop: SQLITE_BUSY comes back at
         # once and the statement is retried from a timer (module docstring).
         self._db.execute("PRAGMA busy_timeout = 0")
-        self._writes = GroupCommit(self._db, _translate, timeout=busy_timeout)
+        hold = threading.Event()
+        self._writes = GroupCommit(self._db, _translate, timeout=busy_timeout, hold=hold)
+        # Checkpoints (and their disk syncs) run on a thread, never in this
+        # connection (:mod:`payonce.store.checkpoint`).
+        self._checkpointer: Checkpointer | None = None
+        if mode == "wal":
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+            self._checkpointer = Checkpointer(path, hold=hold)
+            self._checkpointer.start()
 
     def _has_meta(self) -> bool:
         return (
@@ -470,4 +484,7 @@ class SQLiteStore:
         # Writes still waiting for another process's lock fail now, not on a closed
         # connection from a timer nobody is left to hear.
         self._writes.close(StoreUnavailable("SQLite store closed"))
+        if self._checkpointer is not None:
+            # Joins the thread: at most one checkpoint's wait, once, at shutdown.
+            self._checkpointer.stop()
         self._db.close()

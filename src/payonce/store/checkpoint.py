@@ -1,0 +1,305 @@
+"""WAL checkpoints for the SQLite store, on a thread of their own, so the event loop never syncs.
+
+In WAL mode with ``synchronous=NORMAL`` a commit writes the WAL and syncs
+nothing. SQLite syncs the disk in two places only: a checkpoint (the WAL is
+synced, its pages copied into the database file, the database file synced),
+and the first commit after the WAL starts over from its beginning (the new
+WAL header is synced before any frame may overwrite an old one, or an OS crash
+could bring old pages back). By default both happen in whichever connection
+commits at the wrong moment, which in the gateway is the event loop's: at 5,000
+streams in flight strace saw those syncs take 3.3 ms at the median, 66 ms at
+p99, 190 ms at worst, and on a busy disk a purge's checkpoints stopped every
+request for 5.9 s (docs/benchmarks.md).
+
+So the store's loop connection turns automatic checkpoints off
+(``wal_autocheckpoint=0``) and this thread does both, with connections of its
+own (sqlite3 lets go of the GIL while SQLite works, so the loop runs on). Each
+``INTERVAL`` seconds, if anything was committed since the last round:
+
+- a PASSIVE checkpoint, which waits for no reader or writer;
+- if it copied the whole WAL, the WAL starts over, with this thread as the
+  first writer. SQLite starts the WAL over in a writer whose snapshot began
+  after the whole WAL was copied, and only if no reader holds a snapshot
+  inside the WAL. A *pin*, a read transaction this thread keeps open (renewed
+  before each checkpoint, a new one begun before the old one ends), is such
+  a reader, so the loop's writers never start it over. This thread begins a
+  snapshot, takes the write lock by writing one row (at once, or not at all
+  if a loop writer committed since that snapshot: then there is no restart
+  this round), lets the pin go and commits. The header's sync happens here,
+  with the write lock held: the loop's writers meet a busy lock for that long
+  and wait it out on a timer, never in the loop
+  (:mod:`payonce.store.group_commit`).
+
+Under writes that never pause, a checkpoint hardly ever copies the whole WAL
+(a commit lands while it syncs). Once the WAL holds ``FORCE_FRAMES`` frames,
+the round holds the write lock itself while it copies the rest, then starts
+the WAL over as above; the loop's writers wait for that checkpoint's syncs
+(once per ``FORCE_FRAMES`` pages written). If a loop writer still comes first
+(the lock is let go before this thread's write can take it), the round tries
+again later; past ``CAP_FRAMES`` the pin is let go in that attempt, so the WAL
+starts over in whichever writer comes first, possibly the loop's (one small
+sync there, rather than a file that grows without end).
+
+With several processes on one file (``serve --workers``), one checkpointer per
+database does this: they elect it with an exclusive ``flock`` on
+``<database>-checkpointer`` (not on the database or its ``-shm``, whose
+descriptors must never be closed by anyone but SQLite, since closing any of a
+process's descriptors of a file drops its POSIX locks). The others wait for
+the lock; a process that dies lets it go.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+
+__all__ = ["CAP_FRAMES", "INTERVAL", "CheckpointStats", "Checkpointer"]
+
+log = logging.getLogger("payonce.store")
+
+INTERVAL = 1.0  # seconds between checkpoints while anything is being written
+FORCE_FRAMES = 4096  # WAL frames (16 MiB of 4 KiB pages) from which a round forces a restart
+CAP_FRAMES = 16384  # ...and from which it lets the pin go for it
+# The WAL file is cut back to this size when it starts over (its frames are
+# rewritten from the start, but the file keeps its largest size otherwise).
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+_BUSY_TIMEOUT = 5.0  # this thread's own waits for another connection's lock
+_GATE_TIMEOUT = 1.0  # ...but a forced round gives up sooner: another process's writers are busy
+
+# The row written to start the WAL over. It must change: SQLite writes no page
+# for an update that leaves a row as it was (so ``SET value = value`` would not do).
+_TOUCH = (
+    "INSERT INTO payonce_meta VALUES ('wal_restarts', '1')"
+    " ON CONFLICT (name) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+)
+
+
+@dataclass
+class CheckpointStats:
+    """What the thread did, for tests and the curious (read without a lock: counters only)."""
+
+    elected: bool = False  # this process holds the checkpointer lock
+    checkpoints: int = 0  # PASSIVE checkpoints run
+    restarts: int = 0  # rows written to start the WAL over (committed; SQLite decides)
+    forced: int = 0  # checkpoints run with the write lock held
+    wal_frames: int = 0  # frames in the WAL at the last checkpoint
+    errors: int = 0
+
+
+class Checkpointer:
+    """Checkpoints ``path``'s WAL from a daemon thread; :meth:`stop` ends it."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        interval: float = INTERVAL,
+        force: int = FORCE_FRAMES,
+        cap: int = CAP_FRAMES,
+        hold: threading.Event | None = None,
+    ) -> None:
+        """``hold``: set while a forced round starts the WAL over; the store's
+        writes wait while it is (:class:`payonce.store.group_commit.GroupCommit`).
+        """
+        self._path = path
+        self._hold = hold
+        self._interval = interval
+        self._force = force
+        self._cap = cap
+        self._stop = threading.Event()
+        self.stats = CheckpointStats()
+        self._lock: int | None = None
+        self._cycle: _Cycle | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"payonce-checkpoint {path}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Elects this process if it can, and then, before returning, runs the first round.
+
+        In the caller (before the store serves): a WAL that is empty, as after
+        the last connection closed, has no frame yet, and the first commit to
+        write one syncs its header. That commit must be this one, not a request's.
+        """
+        self._lock = _open_lock(self._path + "-checkpointer")
+        if self._lock is None or _try_lock(self._lock):
+            self._elected()
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ends the thread (after the checkpoint in progress, if one is)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _elected(self) -> None:
+        self.stats.elected = True
+        self._cycle = _Cycle(self._path, self._force, self._cap, self.stats, self._hold)
+        self._cycle.round()
+
+    def _run(self) -> None:
+        try:
+            while self._cycle is None:
+                if self._stop.wait(self._interval):
+                    return
+                if self._lock is not None and _try_lock(self._lock):
+                    self._elected()
+            self._cycle.run(self._stop, self._interval)
+        except Exception:  # the gateway serves on; the WAL just grows
+            self.stats.errors += 1
+            log.exception("SQLite checkpointer for %s stopped", self._path)
+        finally:
+            if self._cycle is not None:
+                self._cycle.close()
+            if self._lock is not None:
+                os.close(self._lock)
+
+
+def _open_lock(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        # Without the lock every process checkpoints: more syncs, still none in a loop.
+        log.warning("SQLite checkpointer: cannot open %s (%s); not electing one", path, exc)
+        return None
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+class _Cycle:
+    """The thread's connections, and one round: a checkpoint, maybe a restart."""
+
+    def __init__(
+        self,
+        path: str,
+        force: int,
+        cap: int,
+        stats: CheckpointStats,
+        hold: threading.Event | None,
+    ) -> None:
+        self._hold = hold
+        self._force = force
+        self._cap = cap
+        self.stats = stats
+        self._pins = (self._connect(path), self._connect(path))
+        self._held: sqlite3.Connection | None = None  # the pin in a read transaction
+        self._writer = self._connect(path)  # checkpoints, and the restarting write
+        self._writer.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        self._gate = self._connect(path)  # waits out a commit in progress in a forced round
+        self._gate.execute(f"PRAGMA busy_timeout = {int(_GATE_TIMEOUT * 1000)}")
+        self._seen: int | None = None  # data_version at the last round
+
+    @staticmethod
+    def _connect(path: str) -> sqlite3.Connection:
+        # Made in the store's thread, used in the checkpointer's.
+        return sqlite3.connect(
+            path, isolation_level=None, timeout=_BUSY_TIMEOUT, check_same_thread=False
+        )
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        while not stop.wait(interval):
+            try:
+                self.round()
+            except sqlite3.Error as exc:
+                self.stats.errors += 1
+                log.warning("SQLite checkpoint failed: %s", exc)
+
+    def close(self) -> None:
+        self._release_pin()
+        for conn in (*self._pins, self._writer, self._gate):
+            conn.close()
+
+    def round(self) -> None:
+        # data_version changes when another connection commits: an idle store
+        # costs no checkpoint, no write and no sync.
+        version = int(self._writer.execute("PRAGMA data_version").fetchone()[0])
+        if version == self._seen:
+            return
+        self._seen = version
+        self._take_pin()  # at the newest snapshot: the checkpoint may copy all of it
+        done = self._checkpoint()
+        if done is None:
+            return
+        frames, copied = done
+        if copied == frames and self._restart():
+            return
+        if frames >= self._force:  # a writer came first, or the copy fell behind it
+            self._forced(unpin=frames >= self._cap)
+        # Its own writes leave data_version as it is: the next round runs only
+        # if someone else committed.
+
+    def _checkpoint(self) -> tuple[int, int] | None:
+        """(frames in the WAL, frames copied); None if another checkpoint ran or not in WAL mode."""
+        busy, frames, copied = self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        self.stats.checkpoints += 1
+        self.stats.wal_frames = frames
+        return None if busy or frames < 0 else (frames, copied)
+
+    def _take_pin(self) -> None:
+        """A new pin at the newest snapshot, begun before the old one ends (never none)."""
+        pin = self._pins[1] if self._held is self._pins[0] else self._pins[0]
+        pin.execute("BEGIN")
+        pin.execute("SELECT 1 FROM payonce_meta LIMIT 1").fetchone()
+        self._release_pin()
+        self._held = pin
+
+    def _release_pin(self) -> None:
+        if self._held is not None:
+            self._held.execute("COMMIT")
+            self._held = None
+
+    def _restart(self) -> bool:
+        """Write one row as the first writer since the whole WAL was copied (False: not now)."""
+        writer = self._writer
+        writer.execute("BEGIN")
+        try:
+            # This snapshot starts after the copy: SQLite may start the WAL over
+            # in this transaction's commit, and in no writer that began before.
+            writer.execute("SELECT 1 FROM payonce_meta LIMIT 1").fetchone()
+            # Takes the write lock, or fails at once (SQLITE_BUSY, no busy
+            # handler inside a read transaction) if a loop writer holds it or
+            # committed since the snapshot began: then not this round.
+            writer.execute(_TOUCH)
+        except sqlite3.OperationalError:
+            writer.execute("ROLLBACK")
+            return False
+        self._release_pin()  # with the write lock held, so no loop writer comes between
+        try:
+            writer.execute("COMMIT")  # the new header, and its sync, are here
+        finally:
+            if writer.in_transaction:
+                writer.execute("ROLLBACK")
+            self._take_pin()  # the row just written is not yet copied: pinned inside the WAL
+        self.stats.restarts += 1
+        return True
+
+    def _forced(self, *, unpin: bool) -> None:
+        """Hold this process's writes, copy the rest of the WAL and start it over."""
+        if self._hold is not None:
+            self._hold.set()
+        try:
+            try:
+                # A barrier: a batch of the loop's that began before the hold has committed.
+                self._gate.execute("BEGIN IMMEDIATE")
+                self._gate.execute("ROLLBACK")
+            except sqlite3.OperationalError:  # another process writes without pause
+                return
+            self._take_pin()  # nothing more of this process's is written: the last snapshot
+            self._checkpoint()
+            self.stats.forced += 1
+            if unpin:
+                self._release_pin()  # whoever writes first starts the WAL over (module docstring)
+            self._restart()
+        finally:
+            if self._hold is not None:
+                self._hold.clear()
