@@ -92,7 +92,7 @@ def test_the_wal_is_copied_and_started_over_while_writes_keep_coming(tmp_path: P
     """As from a busy loop: a row, half a millisecond, the next row."""
     db = tmp_path / "busy.db"
     conn = _loop_connection(db)
-    checkpointer = Checkpointer(str(db), interval=INTERVAL, force=10**9, cap=10**9)
+    checkpointer = Checkpointer(str(db), interval=INTERVAL, restart=1, force=10**9, cap=10**9)
     checkpointer.start()
     try:
         written, largest = _write_for(conn, checkpointer, 3, pause=0.0005)
@@ -113,7 +113,9 @@ def test_writes_without_a_pause_are_held_for_a_forced_restart(tmp_path: Path) ->
     db = tmp_path / "saturated.db"
     conn = _loop_connection(db)
     hold = threading.Event()
-    checkpointer = Checkpointer(str(db), interval=INTERVAL, force=FORCE, cap=10**9, hold=hold)
+    checkpointer = Checkpointer(
+        str(db), interval=INTERVAL, restart=1, force=FORCE, cap=10**9, hold=hold
+    )
     checkpointer.start()
     try:
         written, largest = _write_for(conn, checkpointer, 3, pause=0, hold=hold)
@@ -137,6 +139,7 @@ def test_an_idle_store_is_not_checkpointed(tmp_path: Path) -> None:
         idle = checkpointer.stats.checkpoints
         time.sleep(10 * INTERVAL)
         assert checkpointer.stats.checkpoints == idle, "checkpoints while nothing was written"
+        assert checkpointer.stats.restarts == 0, "a small WAL started over (a sync for nothing)"
         _insert(conn, "x'01'")
         _wait(lambda: checkpointer.stats.checkpoints > idle)
     finally:

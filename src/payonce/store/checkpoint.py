@@ -17,28 +17,32 @@ own (sqlite3 lets go of the GIL while SQLite works, so the loop runs on). Each
 ``INTERVAL`` seconds, if anything was committed since the last round:
 
 - a PASSIVE checkpoint, which waits for no reader or writer;
-- if it copied the whole WAL, the WAL starts over, with this thread as the
-  first writer. SQLite starts the WAL over in a writer whose snapshot began
-  after the whole WAL was copied, and only if no reader holds a snapshot
-  inside the WAL. A *pin*, a read transaction this thread keeps open (renewed
-  before each checkpoint, a new one begun before the old one ends), is such
-  a reader, so the loop's writers never start it over. This thread begins a
+- if it copied the whole WAL and the WAL holds ``RESTART_FRAMES`` frames or
+  more (or none at all), the WAL starts over, with this thread as the first
+  writer. SQLite starts the WAL over in a writer whose snapshot began after
+  the whole WAL was copied, and only if no reader holds a snapshot inside the
+  WAL. A *pin*, a read transaction this thread keeps open (renewed before
+  each checkpoint, a new one begun before the old one ends), is such a
+  reader, so the loop's writers never start it over. This thread begins a
   snapshot, takes the write lock by writing one row (at once, or not at all
-  if a loop writer committed since that snapshot: then there is no restart
-  this round), lets the pin go and commits. The header's sync happens here,
-  with the write lock held: the loop's writers meet a busy lock for that long
-  and wait it out on a timer, never in the loop
-  (:mod:`payonce.store.group_commit`).
+  if a loop writer committed since that snapshot: then not this round), lets
+  the pin go and commits. The header's sync happens here, with the write lock
+  held: the loop's writers meet a busy lock for that long and wait it out on
+  a timer, never in the loop (:mod:`payonce.store.group_commit`). Hence the
+  threshold: at 5,000 streams in flight (about 10,000 WAL frames a second)
+  starting over after every checkpoint, 7 times a second, added 105 ms to the
+  streams' time to first byte at p99 in two runs; about once a second, 28 and
+  50 ms (docs/benchmarks.md).
 
 Under writes that never pause, a checkpoint hardly ever copies the whole WAL
 (a commit lands while it syncs). Once the WAL holds ``FORCE_FRAMES`` frames,
-the round holds the write lock itself while it copies the rest, then starts
-the WAL over as above; the loop's writers wait for that checkpoint's syncs
-(once per ``FORCE_FRAMES`` pages written). If a loop writer still comes first
-(the lock is let go before this thread's write can take it), the round tries
-again later; past ``CAP_FRAMES`` the pin is let go in that attempt, so the WAL
-starts over in whichever writer comes first, possibly the loop's (one small
-sync there, rather than a file that grows without end).
+the round holds this process's writes (the store's group commit waits while
+``hold`` is set), copies the rest, then starts the WAL over as above; the
+writes wait for that checkpoint's syncs, once per ``FORCE_FRAMES`` pages
+written. Another process's writer may still come first; the round tries again
+later, and past ``CAP_FRAMES`` it lets the pin go in that attempt, so the WAL
+starts over in whichever writer comes first, possibly a loop's (one small sync
+there, rather than a file that grows without end).
 
 With several processes on one file (``serve --workers``), one checkpointer per
 database does this: they elect it with an exclusive ``flock`` on
@@ -55,15 +59,27 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 
-__all__ = ["CAP_FRAMES", "INTERVAL", "CheckpointStats", "Checkpointer"]
+__all__ = [
+    "CAP_FRAMES",
+    "FORCE_FRAMES",
+    "INTERVAL",
+    "RESTART_FRAMES",
+    "CheckpointStats",
+    "Checkpointer",
+]
 
 log = logging.getLogger("payonce.store")
 
-INTERVAL = 1.0  # seconds between checkpoints while anything is being written
-FORCE_FRAMES = 4096  # WAL frames (16 MiB of 4 KiB pages) from which a round forces a restart
-CAP_FRAMES = 16384  # ...and from which it lets the pin go for it
+INTERVAL = 0.25  # seconds between checkpoints while anything is being written
+# WAL frames (4 KiB pages each) from which a round starts the WAL over when a
+# checkpoint copied all of it (and when it is empty), from which it holds the
+# process's writes to do so, and from which it lets the pin go for it.
+RESTART_FRAMES = 8192  # 32 MiB
+FORCE_FRAMES = 32768  # 128 MiB
+CAP_FRAMES = 65536  # 256 MiB
 # The WAL file is cut back to this size when it starts over (its frames are
 # rewritten from the start, but the file keeps its largest size otherwise).
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
@@ -87,6 +103,8 @@ class CheckpointStats:
     restarts: int = 0  # rows written to start the WAL over (committed; SQLite decides)
     forced: int = 0  # checkpoints run with the write lock held
     wal_frames: int = 0  # frames in the WAL at the last checkpoint
+    most_frames: int = 0  # ...and at most
+    held: float = 0.0  # seconds this process's writes were held, in all
     errors: int = 0
 
 
@@ -98,6 +116,7 @@ class Checkpointer:
         path: str,
         *,
         interval: float = INTERVAL,
+        restart: int = RESTART_FRAMES,
         force: int = FORCE_FRAMES,
         cap: int = CAP_FRAMES,
         hold: threading.Event | None = None,
@@ -108,6 +127,7 @@ class Checkpointer:
         self._path = path
         self._hold = hold
         self._interval = interval
+        self._restart = restart
         self._force = force
         self._cap = cap
         self._stop = threading.Event()
@@ -135,10 +155,20 @@ class Checkpointer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        stats = self.stats
+        if stats.checkpoints:
+            log.info(
+                "SQLite checkpointer for %s: %d checkpoints, %d restarts (%d forced; writes"
+                " held %.3f s in all), WAL at most %d frames",
+                self._path, stats.checkpoints, stats.restarts, stats.forced, stats.held,
+                stats.most_frames,
+            )  # fmt: skip
 
     def _elected(self) -> None:
         self.stats.elected = True
-        self._cycle = _Cycle(self._path, self._force, self._cap, self.stats, self._hold)
+        self._cycle = _Cycle(
+            self._path, (self._restart, self._force, self._cap), self.stats, self._hold
+        )
         self._cycle.round()
 
     def _run(self) -> None:
@@ -182,14 +212,12 @@ class _Cycle:
     def __init__(
         self,
         path: str,
-        force: int,
-        cap: int,
+        frames: tuple[int, int, int],
         stats: CheckpointStats,
         hold: threading.Event | None,
     ) -> None:
         self._hold = hold
-        self._force = force
-        self._cap = cap
+        self._restart_at, self._force, self._cap = frames  # restart, force, cap
         self.stats = stats
         self._pins = (self._connect(path), self._connect(path))
         self._held: sqlite3.Connection | None = None  # the pin in a read transaction
@@ -225,13 +253,19 @@ class _Cycle:
         version = int(self._writer.execute("PRAGMA data_version").fetchone()[0])
         if version == self._seen:
             return
-        self._seen = version
         self._take_pin()  # at the newest snapshot: the checkpoint may copy all of it
+        # Read after the pin began: a later round runs only for a commit the pin
+        # does not see, so the WAL then holds frames not yet copied, and the
+        # next pin is taken inside it (never at a fully copied WAL, which would
+        # leave no pin for a moment).
+        self._seen = int(self._writer.execute("PRAGMA data_version").fetchone()[0])
         done = self._checkpoint()
         if done is None:
             return
         frames, copied = done
-        if copied == frames and self._restart():
+        # Each restart holds the write lock for a sync: not after every checkpoint.
+        due = frames == 0 or frames >= self._restart_at
+        if copied == frames and due and self._restart():
             return
         if frames >= self._force:  # a writer came first, or the copy fell behind it
             self._forced(unpin=frames >= self._cap)
@@ -243,6 +277,7 @@ class _Cycle:
         busy, frames, copied = self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         self.stats.checkpoints += 1
         self.stats.wal_frames = frames
+        self.stats.most_frames = max(self.stats.most_frames, frames)
         return None if busy or frames < 0 else (frames, copied)
 
     def _take_pin(self) -> None:
@@ -287,6 +322,7 @@ class _Cycle:
         """Hold this process's writes, copy the rest of the WAL and start it over."""
         if self._hold is not None:
             self._hold.set()
+        held = time.monotonic()
         try:
             try:
                 # A barrier: a batch of the loop's that began before the hold has committed.
@@ -303,3 +339,4 @@ class _Cycle:
         finally:
             if self._hold is not None:
                 self._hold.clear()
+            self.stats.held += time.monotonic() - held
