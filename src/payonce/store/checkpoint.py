@@ -101,7 +101,7 @@ class CheckpointStats:
     elected: bool = False  # this process holds the checkpointer lock
     checkpoints: int = 0  # PASSIVE checkpoints run
     restarts: int = 0  # rows written to start the WAL over (committed; SQLite decides)
-    forced: int = 0  # checkpoints run with the write lock held
+    forced: int = 0  # checkpoints run with this process's writes held
     wal_frames: int = 0  # frames in the WAL at the last checkpoint
     most_frames: int = 0  # ...and at most
     held: float = 0.0  # seconds this process's writes were held, in all
@@ -169,7 +169,11 @@ class Checkpointer:
         self._cycle = _Cycle(
             self._path, (self._restart, self._force, self._cap), self.stats, self._hold
         )
-        self._cycle.round()
+        try:
+            self._cycle.round()
+        except sqlite3.Error as exc:  # the next round, on the thread, tries again
+            self.stats.errors += 1
+            log.warning("SQLite checkpoint failed: %s", exc)
 
     def _run(self) -> None:
         try:
