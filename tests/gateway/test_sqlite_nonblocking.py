@@ -26,6 +26,7 @@ import pytest
 
 from payonce.store import SQLiteStore
 from tests.gateway.conftest import GatewayFactory, Sim, chat
+from tests.support import apt
 
 STALL = 1.0  # seconds; a probe slower than this means the event loop was blocked
 HOLD = 5.0  # seconds the other process keeps the write lock
@@ -252,8 +253,9 @@ def slow_sync_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/support/slow_sync.c, built with the machine's gcc (LD_PRELOAD makes a disk slow)."""
     source = Path(__file__).parent.parent / "support" / "slow_sync.c"
     library = tmp_path_factory.mktemp("slow-sync") / "slow_sync.so"
+    gcc = apt.installed(["gcc"], "gcc", required=True)
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-o", library, source, "-ldl"],
+        [gcc, "-shared", "-fPIC", "-O1", "-Wall", "-o", library, source, "-ldl"],
         check=True,
         capture_output=True,
     )
