@@ -218,6 +218,19 @@ def old_rows_left(db: Path) -> bool:
         conn.close()
 
 
+def keyed_calls_while_purging(url: str, db: Path, prefix: str) -> list[float]:
+    """Keyed first calls, 50 ms apart, until the purge has taken every old row; their seconds."""
+    keyed: list[float] = []
+    deadline = time.monotonic() + 120
+    while old_rows_left(db):
+        assert time.monotonic() < deadline, f"rows left after 120 s: {count_rows(db)}"
+        response, seconds = timed(lambda: chat(url, f"{prefix}-{len(keyed)}"))
+        assert response.status_code == 200, response.text
+        keyed.append(seconds)
+        time.sleep(0.05)
+    return keyed
+
+
 def test_purging_a_million_expired_rows_stalls_nothing(
     start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
@@ -226,15 +239,8 @@ def test_purging_a_million_expired_rows_stalls_nothing(
     assert count_rows(db) == (ROWS, ROWS // 10)
     # The purge runs every min(60 s, ttl / 10): 3 s after start with this ttl.
     gateway = start_gateway("--lease", "1s", "--ttl", "30s", store=f"sqlite:///{db}")
-    keyed: list[float] = []
-    deadline = time.monotonic() + 120
     with Probes(gateway.url) as probes:
-        while old_rows_left(db):
-            assert time.monotonic() < deadline, f"rows left after 120 s: {count_rows(db)}"
-            response, seconds = timed(lambda: chat(gateway.url, f"purge-{len(keyed)}"))
-            assert response.status_code == 200, response.text
-            keyed.append(seconds)
-            time.sleep(0.05)
+        keyed = keyed_calls_while_purging(gateway.url, db, "purge")
         time.sleep(0.5)  # in case the last chunk's transaction was still running
     slowest = probes.slowest() | {"keyed first call": max(keyed)}
     print(f"\npurge of {ROWS} rows: {probes.count() + len(keyed)} probes, slowest {slowest}")
@@ -283,15 +289,8 @@ def test_a_slow_disk_stalls_nothing(
     }
     gateway = start_gateway("--lease", "1s", "--ttl", "30s", store=f"sqlite:///{db}", env=env)
     before = len(syncs.read_text().split()) if syncs.exists() else 0
-    keyed: list[float] = []
-    deadline = time.monotonic() + 120
     with Probes(gateway.url) as probes:
-        while old_rows_left(db):
-            assert time.monotonic() < deadline, f"rows left after 120 s: {count_rows(db)}"
-            response, seconds = timed(lambda: chat(gateway.url, f"slow-{len(keyed)}"))
-            assert response.status_code == 200, response.text
-            keyed.append(seconds)
-            time.sleep(0.05)
+        keyed = keyed_calls_while_purging(gateway.url, db, "slow")
         time.sleep(3 * SLOW_SYNC)  # a checkpoint of the purge's last pages
     slowest = probes.slowest()
     threads = syncs.read_text().split()[before:]
