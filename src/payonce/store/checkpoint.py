@@ -127,9 +127,7 @@ class Checkpointer:
         self._path = path
         self._hold = hold
         self._interval = interval
-        self._restart = restart
-        self._force = force
-        self._cap = cap
+        self._frames = {"restart": restart, "force": force, "cap": cap}
         self._stop = threading.Event()
         self.stats = CheckpointStats()
         self._lock: int | None = None
@@ -166,9 +164,7 @@ class Checkpointer:
 
     def _elected(self) -> None:
         self.stats.elected = True
-        self._cycle = _Cycle(
-            self._path, (self._restart, self._force, self._cap), self.stats, self._hold
-        )
+        self._cycle = _Cycle(self._path, self.stats, self._hold, **self._frames)
         try:
             self._cycle.round()
         except sqlite3.Error as exc:  # the next round, on the thread, tries again
@@ -216,27 +212,29 @@ class _Cycle:
     def __init__(
         self,
         path: str,
-        frames: tuple[int, int, int],
         stats: CheckpointStats,
         hold: threading.Event | None,
+        *,
+        restart: int,
+        force: int,
+        cap: int,
     ) -> None:
+        """``restart``, ``force``, ``cap``: WAL frames, as for :class:`Checkpointer`."""
         self._hold = hold
-        self._restart_at, self._force, self._cap = frames  # restart, force, cap
+        self._restart_at, self._force, self._cap = restart, force, cap
         self.stats = stats
         self._pins = (self._connect(path), self._connect(path))
         self._held: sqlite3.Connection | None = None  # the pin in a read transaction
         self._writer = self._connect(path)  # checkpoints, and the restarting write
         self._writer.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-        self._gate = self._connect(path)  # waits out a commit in progress in a forced round
-        self._gate.execute(f"PRAGMA busy_timeout = {int(_GATE_TIMEOUT * 1000)}")
+        # Waits out a commit in progress in a forced round.
+        self._gate = self._connect(path, timeout=_GATE_TIMEOUT)
         self._seen: int | None = None  # data_version at the last round
 
     @staticmethod
-    def _connect(path: str) -> sqlite3.Connection:
+    def _connect(path: str, timeout: float = _BUSY_TIMEOUT) -> sqlite3.Connection:
         # Made in the store's thread, used in the checkpointer's.
-        return sqlite3.connect(
-            path, isolation_level=None, timeout=_BUSY_TIMEOUT, check_same_thread=False
-        )
+        return sqlite3.connect(path, isolation_level=None, timeout=timeout, check_same_thread=False)
 
     def run(self, stop: threading.Event, interval: float) -> None:
         while not stop.wait(interval):
