@@ -1,4 +1,4 @@
-"""The cycle collector on a timer (gateway/collector.py): its schedule, and what it reports.
+"""The cycle collector on a timer (collector.py): its schedule, and what it reports.
 
 The schedule with an injected clock, heap size and collect function; the metrics
 from outside, by scraping real gateways (one process, and ``--workers 2``).
@@ -10,7 +10,7 @@ import time
 
 import httpx2 as httpx
 
-from payonce.gateway.collector import FULL_AFTER, FULL_EVERY, QUIET, Collector
+from payonce.collector import FULL_AFTER, FULL_EVERY, QUIET, Collector
 from tests.gateway.conftest import GatewayFactory, chat
 from tests.support.exposition import metric
 from tests.support.processes import Process

@@ -21,11 +21,11 @@ import aiohttp
 import uvicorn
 
 from payonce.clock import Clock
+from payonce.collector import Collector
 from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
 from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
-from payonce.gateway.collector import Collector
 from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
@@ -196,7 +196,7 @@ async def serve(
             server = _Server(config, gateway)
             housekeeping = asyncio.create_task(gateway.background())
             # Start-up objects never die: keep them out of every collection. The
-            # rest are collected on a timer between requests (gateway/collector.py).
+            # rest are collected on a timer between requests (payonce/collector.py).
             gc.collect()
             gc.freeze()
             running = gateway.running

@@ -167,7 +167,7 @@ class Metrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=registry,
         )
-        # The event loop's own health (gateway/collector.py): with workers, summed.
+        # The event loop's own health (payonce/collector.py): with workers, summed.
         self.gc_pause = Histogram(
             "payonce_gc_pause_seconds",
             "Time the event loop stood still in CPython's cycle collector, per collection.",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Callable
@@ -10,9 +12,10 @@ from collections.abc import Callable
 from aiohttp import web
 
 from payonce.clock import Clock
+from payonce.collector import Collector
 from payonce.errors import ConfigError
 from payonce.open_files import raise_open_files_limit
-from payonce.sim.app import build_app
+from payonce.sim.app import LEDGER, build_app
 from payonce.sim.config import SimConfig, describe_token_interval
 
 __all__ = ["SHUTDOWN_SECONDS", "run", "serve"]
@@ -32,6 +35,10 @@ def run(config: SimConfig) -> None:
 
 async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully (flushing the CSV export).
+
+    While it serves, this process's cycle collector runs on the simulator's timer
+    (:class:`payonce.collector.Collector`; the schedule is restored when it stops)
+    and the objects alive at start-up are frozen out of collections.
 
     Raises :class:`ConfigError` when the ledger file cannot be opened or the address
     cannot be listened on.
@@ -60,7 +67,20 @@ async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
                 f"--host/--port: cannot listen on {config.host}:{config.port}: {reason}"
             ) from exc
         print(_startup_line(config), file=sys.stderr, flush=True)
-        await _until_signalled()
+        # As in the gateway: start-up objects out of every collection, the rest
+        # collected on a timer between requests, and a full collection only while
+        # few generations run (payonce/collector.py). On CPython's own schedule
+        # the simulator stopped for up to 290 ms at 5,000 calls in flight.
+        gc.collect()
+        gc.freeze()
+        ledger = runner.app[LEDGER]
+        collector = asyncio.create_task(Collector(busy=lambda: ledger.generating).run())
+        try:
+            await _until_signalled()
+        finally:
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
     finally:
         await runner.cleanup()
 

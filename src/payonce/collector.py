@@ -1,4 +1,7 @@
-"""When CPython's cycle collector runs in the gateway: on a timer, between requests.
+"""When CPython's cycle collector runs in an asyncio server: on a timer, between requests.
+
+The gateway and the simulator both hold thousands of long calls at once, and
+both run this (the gateway with its metrics; the simulator without).
 
 The collector stops the event loop while it traverses objects, and by its own
 schedule (allocation thresholds) it traverses the young generations whenever a
@@ -8,7 +11,11 @@ live objects and stopped the loop for 100-150 ms, every 2 s while the calls were
 starting; streams whose first event came during one were that much later. The
 count it goes by is net of every deallocation, old objects' included, so a
 threshold does not bound the young generation either (docs/benchmarks.md,
-"The cycle collector at 5,000 calls in flight").
+"The cycle collector at 5,000 calls in flight"). The simulator on CPython's own
+schedule made full collections every 2 s while 5,000 calls were starting (each
+when its heap had grown by a quarter), of 28, 74, 148, 196 and 286 ms; they
+delayed the first byte of every call it was serving then, the benchmark's
+direct ones included (docs/benchmarks.md, "The simulator's own pauses").
 
 So :class:`Collector` collects generations 0 and 1 itself every ``young_every``
 seconds (0.1): a young collection then holds at most two periods' survivors,
@@ -18,7 +25,7 @@ net for a loop that does not turn. A full collection (generation 2) traverses
 everything alive (570 ms with 5,000 calls in flight on the benchmark machine),
 so it is rare and waits for a quiet moment: when the heap grew by a quarter
 since the last one (CPython's own rule, read here from the allocated blocks),
-five minutes have passed, and at most ``QUIET`` keyed calls are in flight (few
+five minutes have passed, and at most ``QUIET`` calls are in flight (few
 calls to delay, and a small heap to traverse); or every half hour whatever
 happened. One that came with 5,000 calls in flight stopped the loop for over a
 second. What only a full collection frees is cyclic garbage that lived long
@@ -46,7 +53,7 @@ YOUNG_EVERY = 0.1
 FULL_AFTER = 300.0  # at least this long between full collections...
 FULL_GROWTH = 1.25  # ...and only if the heap grew by this much since the last one,
 FULL_EVERY = 1800.0  # or this long has passed, whatever the heap did.
-QUIET = 10  # a due full collection waits while more keyed calls than this are in flight
+QUIET = 10  # a due full collection waits while more calls than this are in flight
 # The automatic schedule: generation 0 when 7,000 more objects are alive than at
 # the last collection (what the gateway used before), never generations 1 and 2.
 THRESHOLDS = (7000, 1 << 30, 1 << 30)
@@ -63,7 +70,8 @@ class PauseSink(Protocol):
 class Collector:
     """Runs the young collections on a timer and the full ones rarely (see the module).
 
-    ``busy`` counts the keyed calls in flight. ``clock`` (monotonic seconds) and
+    ``busy`` counts the calls in flight (the gateway's keyed runs, the simulator's
+    generations). ``clock`` (monotonic seconds) and
     ``blocks`` (allocated memory blocks) are injected for the tests; :meth:`tick` is
     one timer step, :meth:`run` the loop.
     """
