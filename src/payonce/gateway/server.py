@@ -24,6 +24,7 @@ from payonce.clock import Clock
 from payonce.collector import Collector
 from payonce.config import GatewaySettings
 from payonce.errors import ConfigError
+from payonce.gateway.accepting import Acceptor
 from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
 from payonce.gateway.protocol import HttpLimits, protocol_class
@@ -65,6 +66,18 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
         super().__init__(config)
         self._gateway = gateway
+        # Accepts waiting connections in batches, beside libuv's one a turn
+        # (gateway/accepting.py).
+        self.acceptor = Acceptor(self)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.acceptor.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.acceptor.stop()  # with uvicorn's servers: no new connection from here
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._gateway.stopping = True
