@@ -114,6 +114,15 @@ class Collector:
             self._blocks_after_full = self._blocks()
         return generation
 
+    def start(self) -> asyncio.Task[None]:
+        """Freeze what is alive now and :meth:`run` in a task of the running loop.
+
+        Start-up objects never die: frozen, they are in no collection's traversal.
+        """
+        gc.collect()
+        gc.freeze()
+        return asyncio.create_task(self.run())
+
     async def run(self) -> None:
         """Tick every ``young_every`` seconds until cancelled, with the automatic
         schedule narrowed to generation 0 (restored when it stops)."""

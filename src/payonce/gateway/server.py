@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import socket
@@ -208,14 +207,9 @@ async def serve(
             logging.getLogger("uvicorn.error").addFilter(_BrokenOnPurpose())
             server = _Server(config, gateway)
             housekeeping = asyncio.create_task(gateway.background())
-            # Start-up objects never die: keep them out of every collection. The
-            # rest are collected on a timer between requests (payonce/collector.py).
-            gc.collect()
-            gc.freeze()
+            # Collected on a timer between requests (payonce/collector.py).
             running = gateway.running
-            collector = asyncio.create_task(
-                Collector(gateway.metrics, busy=lambda: len(running)).run()
-            )
+            collector = Collector(gateway.metrics, busy=lambda: len(running)).start()
             log.info(
                 "payonce gateway on %s://%s:%d -> %s (store %s)",
                 "https" if settings.tls_cert else "http",
