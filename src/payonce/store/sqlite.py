@@ -89,9 +89,17 @@ _MIGRATE_FROM_1 = """
 ALTER TABLE payonce_records ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE payonce_records ADD COLUMN events INTEGER NOT NULL DEFAULT 0;
 """
+# A record's event count is read from its events (the last one's number: they are
+# numbered from 1, and a new holder's stream starts after the old one's are
+# deleted), not kept in payonce_records.events: updating the record beside every
+# append wrote a second B-tree page per stream event (docs/benchmarks.md, "Stream
+# events without the record's update"). The column stays for files of earlier
+# versions, which still write it; none reads it.
 _COLUMNS = (
     "tenant, key, fingerprint, state, token, created_at, lease_expires_at, expires_at,"
-    " completed_at, status, headers, body, replays, usage, cost_usd, stream, events"
+    " completed_at, status, headers, body, replays, usage, cost_usd, stream,"
+    " (SELECT IFNULL(MAX(e.seq), 0) FROM payonce_events AS e"
+    " WHERE e.tenant = payonce_records.tenant AND e.key = payonce_records.key)"
 )
 # Insert a new claim, or take over a record that expired or whose holder's
 # lease ran out (same fingerprint only: a different request must get 422).
@@ -234,10 +242,13 @@ class SQLiteStore:
             is not None
         )
 
-    async def _write(
+    def _write(
         self, sql: str, params: Any, *, fetch: bool = False, deferred: bool = False
-    ) -> Any:
-        return await self._writes.submit(sql, params, fetch=fetch, deferred=deferred)
+    ) -> asyncio.Future[Any]:
+        # The statement is queued now, in call order, and the caller awaits a plain
+        # future: no task per statement (as a coroutine, every write gathered with
+        # another was a task of its own, two per stream event; docs/benchmarks.md).
+        return self._writes.submit(sql, params, fetch=fetch, deferred=deferred)
 
     async def _read(self, sql: str, params: Any, *, one: bool) -> Any:
         """The first row (``one``) or all rows of a query; a lock is waited out off the loop."""
@@ -376,31 +387,22 @@ class SQLiteStore:
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
     ) -> bool:
-        last = first + len(events) - 1
         now = self._clock.now()
-        held = self._write(
-            f"UPDATE payonce_records SET events = MAX(events, ?) WHERE {_HELD}",
-            (last, tenant, key, token, now),
-            deferred=True,  # followers got the events live; this is for replays
-        )
         # One statement for the whole batch, and it checks the token itself: a
         # writer whose lease passed to another holder must not add to the new
-        # holder's stream.
+        # holder's stream. Its row count says whether the key was still held.
         rows = ", ".join(["(?, ?)"] * len(events))
         values: list[object] = []
         for offset, data in enumerate(self._codec.events_out(tenant, key, first, events)):
             values += (first + offset, data)
-        inserts = [
-            self._write(
-                "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
-                f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
-                f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
-                (tenant, key, *values, tenant, key, token, now),
-                deferred=True,
-            )
-        ]
-        changed, *_ = await asyncio.gather(held, *inserts)
-        if changed == 1:
+        inserted = await self._write(
+            "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
+            f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
+            f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
+            (tenant, key, *values, tenant, key, token, now),
+            deferred=True,  # followers here got the events live; this is for the rest
+        )
+        if inserted:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
