@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -270,6 +271,41 @@ async def test_a_batch_of_thousands_of_events_is_one_append(redis_store: RedisSt
     assert await redis_store.read_events("t", "k", after=2499) == [events[-1], b"last"]
     record = await redis_store.get("t", "k")
     assert record is not None and record.events == 2501
+
+
+def _reads(port: int) -> int:
+    """Reads of client sockets Redis has processed (``INFO stats``), this one's included."""
+    info = command(port, "INFO", "stats")
+    return int(re.search(r"total_reads_processed:(\d+)", info).group(1))  # type: ignore[union-attr]
+
+
+async def test_appends_in_separate_turns_go_to_redis_together(
+    redis_server: RedisServer, redis_store: RedisStore
+) -> None:
+    # Stream events arrive one or two a loop turn: an append waits DEFER for the
+    # others instead of being a pipeline (a send, a read in Redis) of its own.
+    claims = [await redis_store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(20)]
+    for i, claim in enumerate(claims):
+        assert await redis_store.begin_stream("t", f"k{i}", claim.record.token, 200, ())
+    # The first run of a script on a server is an EVAL of its own (NOSCRIPT): not here.
+    assert not await redis_store.append_events("t", "absent", "token", 1, [b"x"])
+    before = _reads(redis_server.port)
+    appends = []
+    for i, claim in enumerate(claims):
+        appends.append(
+            asyncio.create_task(
+                redis_store.append_events("t", f"k{i}", claim.record.token, 1, [f"e{i}".encode()])
+            )
+        )
+        for _ in range(3):  # turns of the loop between one append and the next
+            await asyncio.sleep(0)
+    assert await asyncio.gather(*appends) == [True] * 20
+    # Two INFO commands, and the appends: one pipeline (two if a timer split them).
+    assert _reads(redis_server.port) - before <= 4
+    for i in range(20):
+        assert await redis_store.read_events("t", f"k{i}") == [f"e{i}".encode()]
+    stale = await redis_store.append_events("t", "k0", "stale-token", 2, [b"x"])
+    assert stale is False  # a deferred append still checks the token
 
 
 async def test_a_claim_run_twice_after_a_lost_reply_is_still_acquired(

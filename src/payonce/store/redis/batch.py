@@ -13,6 +13,14 @@ non-transactional pipeline. Each command keeps its own result and its own
 error; batching adds no atomicity and removes none (every command is one
 script or one read). A command whose caller is cancelled after the batch was
 handed over still runs, as a command already sent would.
+
+A command no client waits on (a stream's event append: followers in this process
+got the events live) can be *deferred* (:meth:`Batcher.execute_later`): it waits up
+to ``DEFER`` seconds for company, as the SQLite store's deferred writes do. Events
+arrive spread over the turns, one or two a turn, so without it nearly every
+append was a pipeline of its own, and a send to Redis (a system call that runs
+loopback TCP for both ends) was a fifth of the gateway's CPU with 2,500 streams
+in flight (docs/benchmarks.md, "Stream events without the record's update").
 """
 
 from __future__ import annotations
@@ -24,7 +32,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-__all__ = ["Batcher"]
+__all__ = ["DEFER", "MAX_DEFERRED", "Batcher"]
+
+# As long as a deferred command waits for others (the SQLite store's DEFER too),
+# and how many make a pipeline that goes at once.
+DEFER = 0.02
+MAX_DEFERRED = 256
 
 # One command: its arguments, what to run instead on NOSCRIPT (EVAL), its result.
 _Entry = tuple[tuple[Any, ...], tuple[Any, ...] | None, "asyncio.Future[Any]"]
@@ -37,6 +50,8 @@ class Batcher:
         self._client = client
         self._queue: list[_Entry] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deferred: list[_Entry] = []
+        self._later: asyncio.Handle | None = None
 
     async def execute(self, *args: Any, noscript: tuple[Any, ...] | None = None) -> Any:
         """Run one command; ``noscript`` is the ``EVAL`` to run if Redis lost the script."""
@@ -59,6 +74,27 @@ class Batcher:
         mine: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._spawn([(args, noscript, mine), *queue])
         return await mine
+
+    async def execute_later(self, *args: Any, noscript: tuple[Any, ...] | None = None) -> Any:
+        """Run one command within ``DEFER`` seconds, in one pipeline with the others deferred.
+
+        Queued at once: a caller cancelled meanwhile does not take it back.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._deferred.append((args, noscript, future))
+        if self._later is None:
+            self._later = loop.call_later(DEFER, self._send_deferred)
+        if len(self._deferred) >= MAX_DEFERRED:
+            self._later.cancel()
+            self._send_deferred()
+        return await future
+
+    def _send_deferred(self) -> None:
+        self._later = None
+        batch, self._deferred = self._deferred, []
+        if batch:
+            self._spawn(batch)
 
     async def _one(self, args: tuple[Any, ...], noscript: tuple[Any, ...] | None) -> Any:
         try:
@@ -102,6 +138,9 @@ class Batcher:
                 future.set_result(result)
 
     async def close(self) -> None:
-        """Wait for batches in flight (their callers are waiting for them too)."""
+        """Send what is deferred, and wait for batches in flight (their callers wait too)."""
+        if self._later is not None:
+            self._later.cancel()
+            self._send_deferred()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

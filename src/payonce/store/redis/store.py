@@ -164,7 +164,10 @@ class RedisStore:
         """The Redis names of a record (for operators and tests)."""
         return record_keys(self._prefix, tenant, key)
 
-    async def _run(self, script: scripts.Script, keys: RecordKeys, *args: Any) -> Any:
+    async def _run(
+        self, script: scripts.Script, keys: RecordKeys, *args: Any, deferred: bool = False
+    ) -> Any:
+        """Run ``script``; ``deferred``: it may wait ``batch.DEFER`` for company (pipelining)."""
         names = (keys.record, keys.events)
         if not self._initialized:
             await self._initialize()
@@ -175,9 +178,8 @@ class RedisStore:
                 except NoScriptError:  # a server that restarted forgot it: EVAL caches it again
                     return await self._client.eval(script.source, 2, *names, *args)
             evalsha = ("EVALSHA", script.sha, 2, *names, *args)
-            return await self._batch.execute(
-                *evalsha, noscript=("EVAL", script.source, *evalsha[2:])
-            )
+            run = self._batch.execute_later if deferred else self._batch.execute
+            return await run(*evalsha, noscript=("EVAL", script.source, *evalsha[2:]))
         except _FAILURES as exc:
             raise _translate(exc) from exc
 
@@ -274,7 +276,15 @@ class RedisStore:
         now = repr(self._clock.now())
         stored = self._codec.events_out(tenant, key, first, events)
         added = await self._run(
-            scripts.APPEND_EVENTS, keys, token, now, keys.channel, self._publish, first, *stored
+            scripts.APPEND_EVENTS,
+            keys,
+            token,
+            now,
+            keys.channel,
+            self._publish,
+            first,
+            *stored,
+            deferred=True,  # followers here got the events live; this is for the rest
         )
         return bool(added)
 
