@@ -362,6 +362,7 @@ class Stack:
     _sims: dict[str, tuple[go.Service, str]] = field(default_factory=dict)
     _litellm: dict[bool, tuple[go.Service, str]] = field(default_factory=dict)
     _redis: str | None = None
+    redis_pid: int | None = None  # its CPU is the Redis store's, reported beside the gateway's
 
     def sim(self, name: str) -> tuple[go.Service, str]:
         """A simulator: "fast" (fixed:0; X-Sim-* headers pace it) or "incident:SYSTEM".
@@ -406,6 +407,7 @@ class Stack:
             # on the load core, beside the simulator and the load generators, a burst of
             # 500 claims waited up to 358 ms for Redis to be scheduled (workload 4).
             pin(service.pid, PROXY_CORE)
+            self.redis_pid = service.pid
             self._redis = f"redis://127.0.0.1:{port}/0"
         return self._redis
 
@@ -1003,6 +1005,9 @@ def _long_calls(
     names = ("payonce_event_loop_lag_seconds", "payonce_gc_pause_seconds")
     before = {name: histogram(endpoint.url, name) for name in names} if own else {}
     usage = Usage.now(endpoint.service.pid)
+    # SQLite's work is in the gateway's process; Redis's in redis-server's: counted apart.
+    store = stack.redis_pid if endpoint.system == "payonce-redis" else None
+    store_usage = Usage.now(store) if store is not None else None
     with (
         Sampler(endpoint.service.pid, every=0.25) as sampler,
         concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool,
@@ -1015,6 +1020,8 @@ def _long_calls(
         row["loop_lag_p99_ms"] = 1000 * bucket_quantile(before[lag], after[lag], 0.99)
         row["gc_pause_max_ms"] = 1000 * bucket_quantile(before[pause], after[pause], 1.0)
     row |= usage.since(options.calls)
+    if store_usage is not None:
+        row["store_cpu_us_per_call"] = store_usage.since(options.calls)["cpu_us_per_call"]
     for label, docs in zip(("stream", "whole"), documents, strict=True):
         row[label] = _call_stats([r for doc in docs for r in doc["results"]])
         row[f"control_{label}"] = _call_stats([r for doc in docs for r in doc["control"]])

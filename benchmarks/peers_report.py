@@ -129,7 +129,10 @@ def table(report: dict[str, Any]) -> str:
             )
             cells.append(_range(row["rss_per_call_kib"], ".1f"))
             cells.append(_range(row["peak_fds"], ".0f"))
-            cells.append(_range(row["cpu_us_per_call"], ".2f", 1e-3))
+            cpu = _range(row["cpu_us_per_call"], ".2f", 1e-3)
+            if row.get("store_cpu_us_per_call"):
+                cpu += f" (+{_range(row['store_cpu_us_per_call'], '.2f', 1e-3)} Redis)"
+            cells.append(cpu)
             cells.append(_range(row.get("runq_wait"), ".0%"))
             cells.append(_range(row.get("loop_lag_p99_ms"), ".0f"))
             cells.append(_range(row.get("gc_pause_max_ms"), ".0f"))
@@ -138,7 +141,8 @@ def table(report: dict[str, Any]) -> str:
             "",
             "added: against calls of the same kinds sent direct to the simulator by the same"
             " load generators in the same run (the direct row: its own noise). Loop lag and"
-            " collector pauses: payonce's own histograms (upper bound of the bucket).",
+            " collector pauses: payonce's own histograms (upper bound of the bucket). CPU:"
+            " the gateway's process (SQLite's work included), and redis-server's apart.",
         ]
     loads = report.get("load_average", {})
     out += ["", "load average (1, 5, 15 min): "]
