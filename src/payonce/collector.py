@@ -54,9 +54,14 @@ FULL_AFTER = 300.0  # at least this long between full collections...
 FULL_GROWTH = 1.25  # ...and only if the heap grew by this much since the last one,
 FULL_EVERY = 1800.0  # or this long has passed, whatever the heap did.
 QUIET = 10  # a due full collection waits while more calls than this are in flight
-# The automatic schedule: generation 0 when 7,000 more objects are alive than at
-# the last collection (what the gateway used before), never generations 1 and 2.
-THRESHOLDS = (7000, 1 << 30, 1 << 30)
+# The automatic schedule: generation 0 when 25,000 more objects are alive than at
+# the last collection, never generations 1 and 2. A safety net for a loop that does
+# not turn: at 7,000 (CPython's 700 times ten) it also fired between the timer's
+# collections whenever calls arrived fast (500 a second: twice a period), and each
+# call's survivors were traversed twice, there and again by the timer's generation
+# 1: 40-45 ms a second of the ramp's 100 (docs/benchmarks.md, "The collector's
+# safety net").
+THRESHOLDS = (25_000, 1 << 30, 1 << 30)
 
 
 class PauseSink(Protocol):
