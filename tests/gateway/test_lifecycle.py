@@ -162,6 +162,28 @@ def _lease_expiry(db: Path, key: str) -> float:
     return float(row[0]) if row else 0.0
 
 
+def test_each_lease_is_renewed_on_its_own_schedule(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    # Two keyed calls started 0.6 s apart under a 3 s lease: each is renewed every
+    # 1 s from its own claim, so their lease ends stay 0.4 or 0.6 s apart (by which
+    # was renewed last: at 0, 1, 2 s and at 0.6, 1.6, 2.6 s). Renewing every run
+    # at one tick (as before) put both ends at the same instant: with thousands of
+    # calls in flight, a burst of thousands of renewals at once.
+    gateway = start_gateway("--lease", "3s")
+    db = tmp_path / "payonce.db"
+    slow = {"X-Sim-Delay-Ms": "4000"}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(chat, gateway.url, "own-schedule-1", headers=slow)
+        time.sleep(0.6)
+        second = pool.submit(chat, gateway.url, "own-schedule-2", headers=slow)
+        time.sleep(2.0)  # both renewed at least once since their claims
+        gap = _lease_expiry(db, "own-schedule-2") - _lease_expiry(db, "own-schedule-1")
+        assert first.result().status_code == second.result().status_code == 200
+    assert 0.25 < abs(gap) < 0.75, f"lease ends {gap:.2f} s apart: renewed together?"
+    assert fresh_sim.billed() == 2
+
+
 def test_a_stopping_gateway_renews_the_leases_of_the_calls_it_drains(
     start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
