@@ -16,11 +16,12 @@ handed over still runs, as a command already sent would.
 
 A command no client waits on (a stream's event append: followers in this process
 got the events live) can be *deferred* (:meth:`Batcher.execute_later`): it waits up
-to ``DEFER`` seconds for company, as the SQLite store's deferred writes do. Events
-arrive spread over the turns, one or two a turn, so without it nearly every
-append was a pipeline of its own, and a send to Redis (a system call that runs
-loopback TCP for both ends) was a fifth of the gateway's CPU with 2,500 streams
-in flight (docs/benchmarks.md, "Stream events without the record's update").
+to ``DEFER`` seconds for company, as the SQLite store's deferred writes do (the
+same ``group_commit.DEFER``). Events arrive spread over the turns, one or two a
+turn, so without it nearly every append was a pipeline of its own, and a send to
+Redis (a system call that runs loopback TCP for both ends) was a fifth of the
+gateway's CPU with 2,500 streams in flight (docs/benchmarks.md, "Stream events
+without the record's update").
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-__all__ = ["DEFER", "MAX_DEFERRED", "Batcher"]
+# One policy for writes no client waits on, whichever the store: how long one
+# waits for company, and how many go at once without waiting longer.
+from payonce.store.group_commit import DEFER, MAX_MERGED
 
-# As long as a deferred command waits for others (the SQLite store's DEFER too),
-# and how many make a pipeline that goes at once.
-DEFER = 0.02
-MAX_DEFERRED = 256
+__all__ = ["Batcher"]
 
 # One command: its arguments, what to run instead on NOSCRIPT (EVAL), its result.
 _Entry = tuple[tuple[Any, ...], tuple[Any, ...] | None, "asyncio.Future[Any]"]
@@ -85,7 +85,7 @@ class Batcher:
         self._deferred.append((args, noscript, future))
         if self._later is None:
             self._later = loop.call_later(DEFER, self._send_deferred)
-        if len(self._deferred) >= MAX_DEFERRED:
+        if len(self._deferred) >= MAX_MERGED:
             self._later.cancel()
             self._send_deferred()
         return await future

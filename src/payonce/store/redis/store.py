@@ -167,7 +167,7 @@ class RedisStore:
     async def _run(
         self, script: scripts.Script, keys: RecordKeys, *args: Any, deferred: bool = False
     ) -> Any:
-        """Run ``script``; ``deferred``: it may wait ``batch.DEFER`` for company (pipelining)."""
+        """Run ``script``; ``deferred``: it may wait ``group_commit.DEFER`` for company."""
         names = (keys.record, keys.events)
         if not self._initialized:
             await self._initialize()
