@@ -1,36 +1,66 @@
 # Two commands on a fresh machine: `make run` and `make test`.
+#
+# Everything installed comes from the lock: uv.lock (payonce and its dev tools,
+# every version and hash), requirements/uv.txt (the uv that reads it), and the
+# pinned files of the test upstreams in tests/support/. A fresh clone gets
+# exactly what main was tested with; `make upgrade` moves the lock forward and
+# `make test-latest` shows what the newest releases would break.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+UV := $(VENV)/uv/bin/uv
 STAMP := $(VENV)/.installed
+LATEST := $(VENV)/latest
+# uv never downloads a Python of its own (the registries are all this machine
+# reaches): it uses the virtualenv made from $(PYTHON).
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
 # Most tests wait on real processes (gateways, simulators, Redis, Prometheus), not on
 # the CPU: two workers, one test file each at a time (module fixtures stay shared).
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 
-.PHONY: run test demo lint typecheck bench clean
+.PHONY: run test setup prepare demo lint typecheck bench upgrade test-latest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+# uv itself, from its pinned hashes, beside (not inside) the project's packages
+# (--isolated: whatever pip configuration the machine has is not ours);
+# `uv sync` keeps the virtualenv to exactly the lock.
+$(UV): requirements/uv.txt | $(BIN)/python
+	@echo "setup: installing uv from requirements/uv.txt"
+	$(BIN)/python -m pip --isolated install --quiet --disable-pip-version-check --no-warn-script-location \
+		--require-hashes --target $(VENV)/uv --upgrade -r requirements/uv.txt
+	touch $(UV)
+
+$(STAMP): $(UV) pyproject.toml uv.lock
+	@echo "setup: installing payonce and its dev tools from uv.lock"
+	$(UV) sync --locked --extra dev --python $(BIN)/python
 	touch $(STAMP)
+
+## Install payonce and the dev tools from the lock (make run and make test do it).
+setup: $(STAMP)
 
 ## Start the gateway on embedded defaults: SQLite store, built-in simulated upstream.
 run: $(STAMP)
 	$(BIN)/payonce serve --upstream sim
 
-## The article's incident replayed: four stacks, the same requests, one bill each (about a minute).
+## The incident replayed: four stacks, the same requests, one bill each (about a minute).
 demo: $(STAMP)
 	$(BIN)/payonce demo
+
+## The test upstreams' virtualenvs (llama.cpp built once, LiteLLM) and the programs
+## the tests drive, with progress on this terminal; seconds when all is ready.
+prepare: $(STAMP)
+	$(BIN)/python -m tests.support.prepare
 
 ## Lint, type-check and run the whole suite (what CI runs).
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -41,6 +71,22 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gateway_overhead.py
+
+## Move the lock to the newest releases the ranges in pyproject.toml allow (uv too);
+## then run make test and commit uv.lock and requirements/uv.txt together.
+upgrade: $(UV)
+	$(UV) pip compile requirements/uv.in --universal --generate-hashes --upgrade \
+		--quiet -o requirements/uv.txt
+	$(UV) lock --upgrade
+
+## The whole suite against the newest releases, not the lock, in $(LATEST):
+## drift seen before it reaches main (nothing here changes the lock).
+test-latest: $(UV) prepare
+	$(UV) venv --quiet --allow-existing --python $(BIN)/python $(LATEST)
+	VIRTUAL_ENV=$(LATEST) $(UV) pip install --upgrade --refresh -e '.[dev]'
+	$(LATEST)/bin/ruff check src tests benchmarks
+	$(LATEST)/bin/mypy
+	$(LATEST)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
