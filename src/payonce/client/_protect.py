@@ -9,7 +9,7 @@ failures. The original client is left as it was.
 
 Duck-typed: it needs the SDK's ``with_options(max_retries=, http_client=,
 timeout=)`` and its httpx2 client in ``_client``, as both official SDKs have;
-payonce imports neither SDK.
+payonce imports neither SDK (the private parts: :mod:`payonce.client._sdk`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import httpx2
 
+from payonce.client import _sdk
 from payonce.client._async_transport import AsyncIdempotentTransport
 from payonce.client._budget import RetryBudget
 from payonce.client._clock import RetryClock
@@ -81,7 +82,7 @@ def protect(
             read_timeout=own.read if own.read is not None else policy.read_timeout,
             connect_timeout=own.connect if own.connect is not None else policy.connect_timeout,
         )
-    current = getattr(sdk, "_client", None)
+    current = _sdk.http_client(sdk)
     options: dict[str, Any] = {
         "policy": policy,
         "gateway": gateway,
@@ -119,7 +120,7 @@ def protect(
         )
     protected = sdk.with_options(max_retries=0, http_client=http_client, timeout=timeout)
     # The SDK's own per-call key, if it was switched on, is kept (our transport reuses it).
-    protected._idempotency_header = getattr(sdk, "_idempotency_header", None)
+    _sdk.set_idempotency_header(protected, _sdk.idempotency_header(sdk))
     return cast(SDKClient, protected)
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import uvicorn
 
+from payonce.gateway.uvicorn_internals import listening_sockets, new_protocol
+
 __all__ = ["BATCH", "Acceptor"]
 
 log = logging.getLogger("payonce.gateway")
@@ -62,12 +64,11 @@ class Acceptor:
     def start(self) -> None:
         """Watch every listening socket of the server (a duplicate descriptor of each)."""
         loop = self._loop = asyncio.get_running_loop()
-        for listening in self._server.servers:
-            for pseudo in listening.sockets:
-                listener = socket.socket(fileno=os.dup(pseudo.fileno()))
-                listener.setblocking(False)
-                self._listeners.append(listener)
-                loop.add_reader(listener.fileno(), self._ready, listener)
+        for pseudo in listening_sockets(self._server):
+            listener = socket.socket(fileno=os.dup(pseudo.fileno()))
+            listener.setblocking(False)
+            self._listeners.append(listener)
+            loop.add_reader(listener.fileno(), self._ready, listener)
 
     def stop(self) -> None:
         """Stop accepting (before uvicorn closes its servers); idempotent."""
@@ -80,7 +81,7 @@ class Acceptor:
     def _ready(self, listener: socket.socket) -> None:
         loop = self._loop
         assert loop is not None
-        config = self._server.config
+        ssl = self._server.config.ssl
         for _ in range(self._batch):
             try:
                 connection, _ = listener.accept()
@@ -95,19 +96,13 @@ class Acceptor:
             connection.setblocking(False)
             self.accepted += 1
             task = loop.create_task(
-                loop.connect_accepted_socket(self._protocol, connection, ssl=config.ssl)
+                loop.connect_accepted_socket(self._protocol, connection, ssl=ssl)
             )
             self._handshakes.add(task)
             task.add_done_callback(self._settled)
 
     def _protocol(self) -> asyncio.Protocol:
-        # What uvicorn's own server makes for each connection (uvicorn.Server.startup).
-        server = self._server
-        config = server.config
-        protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-            config=config, server_state=server.server_state, app_state=server.lifespan.state
-        )
-        return protocol
+        return new_protocol(self._server)
 
     def _settled(self, task: asyncio.Task[Any]) -> None:
         self._handshakes.discard(task)

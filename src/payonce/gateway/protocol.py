@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from payonce.errors import HeadersTooLarge, MalformedRequest, ProblemError, RequestTimeout
 from payonce.gateway.asgi import problem_document
+from payonce.gateway.uvicorn_internals import HttpToolsProtocol
 
 if TYPE_CHECKING:
     from payonce.config import GatewaySettings

@@ -5,6 +5,13 @@ One process: counts are plain numbers in memory (:class:`Deferred`,
 ``--workers``: each value is a double in the worker's prometheus-client
 multiprocess file, updated in place through its :class:`Slots` entry, and a
 scrape sums the files. :mod:`payonce.observe.metrics` builds the metrics on these.
+
+This module is also the one place that uses prometheus-client beyond its
+documented API (the value classes, the multiprocess file's layout, a
+histogram's buckets): :data:`CHECKED` names the releases the suite passed on,
+:data:`INTERNALS` what is used, checked against the installed release by
+``tests/observe/test_prometheus_internals.py``; ``pyproject.toml`` bounds
+prometheus-client below the next minor release.
 """
 
 from __future__ import annotations
@@ -15,7 +22,23 @@ from typing import Any
 
 from prometheus_client import Histogram, values
 
-__all__ = ["Buckets", "Deferred", "Slot", "Slots", "use_values"]
+__all__ = ["CHECKED", "INTERNALS", "Buckets", "Deferred", "Slot", "Slots", "use_values"]
+
+# Releases the whole suite passed on (uv.lock's, and those before it).
+CHECKED = ("0.26.0",)
+# (object, attribute) pairs used here: module-level names of prometheus_client.values,
+# attributes of a multiprocess value and of its file, a histogram's children.
+INTERNALS = (
+    ("values", "ValueClass"),
+    ("values", "MutexValue"),
+    ("values", "MultiProcessValue"),
+    ("MmapedValue", "_file"),
+    ("MmapedValue", "_key"),
+    ("MmapedDict", "_m"),
+    ("MmapedDict", "_positions"),
+    ("Histogram", "_buckets"),
+    ("Histogram", "_sum"),
+)
 
 # prometheus-client's multiprocess value class of each shared directory (one per process).
 _shared_values: dict[str, Any] = {}
