@@ -19,11 +19,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
 import pytest
 
+from payonce.extras import EXTRAS
 from tests.support.processes import Process, _wait_ready, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +125,19 @@ def test_help_needs_no_extra(tmp_path: Path, command: str) -> None:
     result = payonce_without(OPTIONAL, command, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"Usage: payonce {command}")
+
+
+def test_every_extra_a_command_asks_for_is_declared_in_pyproject() -> None:
+    # A command's line names an extra; pip installs what pyproject.toml declares.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["optional-dependencies"]
+    for extra, modules in EXTRAS.items():
+        names = {
+            re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("-", "_")
+            for requirement in declared.get(extra, [])
+        }
+        lacking = sorted(set(modules) - names)
+        assert not lacking, f"pyproject.toml: the {extra} extra lacks {lacking}"
 
 
 @pytest.mark.slow
