@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from payonce.errors import ConfigError
+from payonce.extras import require_extra
 
 if TYPE_CHECKING:
     from payonce.demo.figures import RunFigures
@@ -132,7 +133,9 @@ def demo_command(**options: Any) -> None:
     p50 4 s, p99 30 s), a retrying proxy, the payonce gateway, and the official
     openai SDK in an application retry loop. No API key, no network.
     """
-    # Imported here: the demo pulls in the openai SDK, which no other command needs.
+    # Before anything runs (payonce/extras.py); and imported here, not at the top:
+    # the demo pulls in the openai SDK, which no other command needs.
+    require_extra("demo", "demo")
     from payonce.demo.figures import figures_of
     from payonce.demo.runs import RUNS, DemoConfig
 

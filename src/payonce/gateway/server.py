@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 
 import aiohttp
@@ -28,6 +28,7 @@ from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
 from payonce.gateway.protocol import HttpLimits, protocol_class
 from payonce.gateway.upstream import Upstream, parse_upstream_url
+from payonce.listening import close_all, listen
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
 from payonce.open_files import raise_open_files_limit
@@ -35,9 +36,12 @@ from payonce.store import Codec, Sealing, open_store
 from payonce.store.redis import redacted
 from payonce.store.sealing import PLAIN, load_keys
 
-__all__ = ["WorkerLink", "run", "serve"]
+__all__ = ["WorkerLink", "bind_simulator", "run", "serve", "simulator_command"]
 
 log = logging.getLogger("payonce.gateway")
+
+# How long the simulator of --upstream sim may take to answer its health check.
+SIM_START_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,28 +111,52 @@ class _BrokenOnPurpose(logging.Filter):
         return broken_reason() is None or not record.getMessage().startswith(BROKEN_ON_PURPOSE)
 
 
+def bind_simulator(port: int) -> socket.socket:
+    """The port of the simulator ``--upstream sim`` starts, bound here, by the gateway.
+
+    Its child then serves this very socket (:func:`simulator_command`), so the
+    gateway cannot take another program on the port for its simulator: when
+    ``--sim-port`` is taken, it refuses to start.
+    """
+    return listen("127.0.0.1", port, host_flag="--sim-port", port_flag="--sim-port")[0]
+
+
+def simulator_command(listener: socket.socket) -> list[str]:
+    """``payonce sim`` serving ``listener``: start it with ``pass_fds=(listener.fileno(),)``."""
+    port = listener.getsockname()[1]
+    return [
+        sys.executable, "-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port),
+        "--listen-fd", str(listener.fileno()),
+    ]  # fmt: skip
+
+
 @contextlib.asynccontextmanager
-async def embedded_sim(port: int) -> AsyncIterator[str]:
-    """Start ``payonce sim`` as a child process (for ``--upstream sim``) and stop it after."""
+async def embedded_sim(listener: socket.socket) -> AsyncIterator[str]:
+    """Start ``payonce sim`` on ``listener`` (for ``--upstream sim``) and stop it after."""
+    port = listener.getsockname()[1]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port)
+        *simulator_command(listener), pass_fds=(listener.fileno(),)
     )
+    # The child's alone now: if it dies, nothing listens on the port any more.
+    listener.close()
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(200):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SIM_START_SECONDS
+        # Requests wait in the socket's queue until the child serves: one second each.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+            while True:
                 if process.returncode is not None:
                     raise ConfigError(
                         f"--upstream sim: the simulator exited with {process.returncode}"
-                        f" (is port {port} free? choose another with --sim-port)"
                     )
-                with contextlib.suppress(aiohttp.ClientError):
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(url + "/_sim/health") as response:
                         if response.status == 200:
                             break
+                if loop.time() > deadline:
+                    raise ConfigError(f"--upstream sim: the simulator did not start on port {port}")
                 await asyncio.sleep(0.05)
-            else:
-                raise ConfigError(f"--upstream sim: the simulator did not start on port {port}")
         log.info("simulated LLM upstream on %s (billing ledger: %s/_sim/ledger)", url, url)
         yield url
     finally:
@@ -155,12 +183,34 @@ async def serve(
         parse_upstream_url(settings.upstream)
     if settings.prices is not None:
         install_prices(load_prices(settings.prices))
+    with contextlib.ExitStack() as bound:
+        # Both ports bound before the store is opened or anything logged, so that a
+        # port in use is the one line of a refusal (payonce/listening.py).
+        if sockets is None:
+            sockets = listen(settings.host, settings.port)
+            bound.callback(close_all, sockets)
+            # --port 0: the port the system chose, in the log.
+            settings = replace(settings, port=sockets[0].getsockname()[1])
+        simulator = None
+        if settings.upstream == "sim":
+            simulator = bind_simulator(settings.sim_port)
+            bound.callback(simulator.close)
+        await _serve(settings, clock, sockets, worker, simulator)
+
+
+async def _serve(
+    settings: GatewaySettings,
+    clock: Clock | None,
+    sockets: list[socket.socket],
+    worker: WorkerLink | None,
+    simulator: socket.socket | None,
+) -> None:
     store = open_store(settings.store, clock, _codec(settings))
     try:
         async with contextlib.AsyncExitStack() as stack:
             upstream_url = settings.upstream
-            if upstream_url == "sim":
-                upstream_url = await stack.enter_async_context(embedded_sim(settings.sim_port))
+            if simulator is not None:
+                upstream_url = await stack.enter_async_context(embedded_sim(simulator))
             upstream = Upstream(
                 upstream_url,
                 connect_timeout=settings.connect_timeout,

@@ -66,6 +66,7 @@ from payonce.config import GatewaySettings
 from payonce.errors import ConfigError, PayonceError
 from payonce.gateway import server
 from payonce.gateway.upstream import parse_upstream_url
+from payonce.listening import close_all, listen
 from payonce.observe.calllog import CallLog, CallLogWriter
 from payonce.store import open_store, validate_store_url
 from payonce.store.redis import redacted
@@ -94,15 +95,21 @@ def run_workers(settings: GatewaySettings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
-    _check_store(settings.store)
+    validate_store_url(settings.store)
     if settings.upstream != "sim":
         parse_upstream_url(settings.upstream)
-    listener = _listen(settings.host, settings.port)
+    # Both ports bound before anything is opened, started or logged, so that a port
+    # in use is the one line of a refusal (payonce/listening.py).
+    listeners = listen(settings.host, settings.port)
+    simulator_listener: socket.socket | None = None
     simulator: subprocess.Popen[bytes] | None = None
     writer: CallLogWriter | None = None
     metrics_dir: str | None = None
     try:
-        settings = replace(settings, port=listener.getsockname()[1])
+        if settings.upstream == "sim":
+            simulator_listener = server.bind_simulator(settings.sim_port)
+        _create_store(settings.store)
+        settings = replace(settings, port=listeners[0].getsockname()[1])
         if settings.call_log is not None:
             call_log = CallLog(
                 settings.call_log,
@@ -112,12 +119,14 @@ def run_workers(settings: GatewaySettings) -> None:
             writer = CallLogWriter(call_log)
         if settings.metrics:
             metrics_dir = tempfile.mkdtemp(prefix="payonce-metrics-")  # 0700
-        if settings.upstream == "sim":
-            simulator, url = _start_simulator(settings.sim_port)
+        if simulator_listener is not None:
+            simulator, url = _start_simulator(simulator_listener)
             settings = replace(settings, upstream=url)
-        code = _Supervisor(settings, listener, metrics_dir, writer).run()
+        code = _Supervisor(settings, listeners, metrics_dir, writer).run()
     finally:
-        listener.close()
+        close_all(listeners)
+        if simulator_listener is not None:
+            simulator_listener.close()
         if simulator is not None:
             _stop_simulator(simulator)
         if writer is not None:
@@ -130,44 +139,24 @@ def run_workers(settings: GatewaySettings) -> None:
         raise PayonceError("--workers: workers kept dying at start-up (see the log above)")
 
 
-def _check_store(url: str) -> None:
+def _create_store(url: str) -> None:
     """Fail in the supervisor, with one line, on a store no worker could open."""
-    validate_store_url(url)
     if url.startswith("sqlite:///"):
         # Creates the file and its tables once, before the workers race to.
         asyncio.run(open_store(url).close())
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        listener = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise ConfigError(f"--host: cannot listen on {host!r}: {exc}") from None
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
-        listener.listen(2048)  # uvicorn's default backlog
-    except OSError as exc:
-        listener.close()
-        raise ConfigError(f"--port: cannot listen on {host}:{port}: {exc.strerror}") from None
-    return listener
-
-
-def _start_simulator(port: int) -> tuple[subprocess.Popen[bytes], str]:
-    """One ``payonce sim`` for every worker (``--upstream sim``)."""
-    command = [sys.executable, "-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port)]
-    process = subprocess.Popen(command)
+def _start_simulator(listener: socket.socket) -> tuple[subprocess.Popen[bytes], str]:
+    """One ``payonce sim`` for every worker (``--upstream sim``), serving ``listener``."""
+    port = listener.getsockname()[1]
+    process = subprocess.Popen(server.simulator_command(listener), pass_fds=(listener.fileno(),))
+    # The child's alone now: if it dies, nothing listens on the port any more.
+    listener.close()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + server.SIM_START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ConfigError(
-                f"--upstream sim: the simulator exited with {process.returncode}"
-                f" (is port {port} free? choose another with --sim-port)"
-            )
+            raise ConfigError(f"--upstream sim: the simulator exited with {process.returncode}")
         if _answers(port, "/_sim/health"):
             log.info("simulated LLM upstream on %s (billing ledger: %s/_sim/ledger)", url, url)
             return process, url
@@ -203,12 +192,12 @@ class _Supervisor:
     def __init__(
         self,
         settings: GatewaySettings,
-        listener: socket.socket,
+        listeners: list[socket.socket],
         metrics_dir: str | None = None,
         writer: CallLogWriter | None = None,
     ) -> None:
         self.settings = settings
-        self.listener = listener
+        self.listeners = listeners
         self.metrics_dir = metrics_dir
         self.writer = writer
         self.workers: dict[int, _Worker] = {}
@@ -271,7 +260,7 @@ class _Supervisor:
             if lines_r is not None:
                 os.close(lines_r)
             link = server.WorkerLink(self.metrics_dir, lines_w)
-            os._exit(_worker_main(self.settings, self.listener, number, link))
+            os._exit(_worker_main(self.settings, self.listeners, number, link))
         if lines_r is not None and lines_w is not None and self.writer is not None:
             os.close(lines_w)  # the worker's alone: its end closes when it exits
             self.writer.add(lines_r)
@@ -325,9 +314,9 @@ class _Supervisor:
 
 
 def _worker_main(
-    settings: GatewaySettings, listener: socket.socket, number: int, link: server.WorkerLink
+    settings: GatewaySettings, listeners: list[socket.socket], number: int, link: server.WorkerLink
 ) -> int:
-    """A forked worker: serve the inherited socket until told to stop; the exit code.
+    """A forked worker: serve the inherited sockets until told to stop; the exit code.
 
     It inherits the supervisor's other descriptors too (the call log writer's
     ends of the other workers' pipes, its file): it never uses them.
@@ -342,7 +331,7 @@ def _worker_main(
         )
         watch.start()
         log.debug("worker %d serving", number)
-        server.run(settings, sockets=[listener], worker=link)
+        server.run(settings, sockets=listeners, worker=link)
         return 0
     except ConfigError as exc:
         print(f"payonce: error: {exc}", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from payonce.errors import ConfigError
+from payonce.extras import require_extra
 
 __all__ = ["reconcile_command"]
 
@@ -222,13 +223,9 @@ def reconcile_command(**options: Any) -> None:
     payonce reconcile --calls log.jsonl.gz --bill spend_logs.csv --max-duplicate-ratio 0.02
     payonce reconcile --calls calls.jsonl --fetch openai --since 2026-11-01   # OPENAI_ADMIN_KEY
     """
-    try:
-        from payonce.reconcile.main import run_command
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ConfigError(
-            f"payonce reconcile needs the reconcile extra ({exc.name} is missing):"
-            " pip install 'payonce[reconcile]'"
-        ) from exc
+    require_extra("reconcile", "reconcile")
+    from payonce.reconcile.main import run_command
+
     sys.exit(run_command(options))
 
 

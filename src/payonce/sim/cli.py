@@ -6,6 +6,8 @@ value of any flag ends the same way: one ``Error: --flag: ...`` line, exit code 
 
 from __future__ import annotations
 
+import socket
+
 import click
 
 from payonce.errors import ConfigError
@@ -83,6 +85,14 @@ class _ConfigExit(click.ClickException):
     metavar="FILE",
     help="Also append every billed generation to this CSV file (a billing export).",
 )
+@click.option(
+    "--listen-fd",
+    type=int,
+    default=None,
+    # For `payonce serve --upstream sim`, which binds --sim-port itself so that
+    # no other program can be mistaken for its simulator (payonce/listening.py).
+    hidden=True,
+)
 def sim_command(
     host: str,
     port: str,
@@ -94,6 +104,7 @@ def sim_command(
     stored_responses: str,
     seed: str | None,
     ledger: str | None,
+    listen_fd: int | None,
 ) -> None:
     """Run a simulated LLM provider (OpenAI and Anthropic APIs) that bills like a real one.
 
@@ -121,6 +132,6 @@ def sim_command(
         # importing aiohttp.
         from payonce.sim.server import run
 
-        run(config)
+        run(config, None if listen_fd is None else [socket.socket(fileno=listen_fd)])
     except ConfigError as exc:
         raise _ConfigExit(str(exc)) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from aiohttp import web
 
 from payonce.clock import Clock
 from payonce.collector import Collector
-from payonce.errors import ConfigError
+from payonce.listening import BACKLOG, close_all, listen
 from payonce.open_files import raise_open_files_limit
 from payonce.sim.app import LEDGER, build_app
 from payonce.sim.config import SimConfig, describe_token_interval
@@ -22,26 +23,40 @@ __all__ = ["SHUTDOWN_SECONDS", "run", "serve"]
 # Generations still running at shutdown get this long to finish (and be billed);
 # past it they are cancelled and never billed, like a provider replica going away.
 SHUTDOWN_SECONDS = 2.0
-LISTEN_BACKLOG = 2048
 
 
-def run(config: SimConfig) -> None:
+def run(config: SimConfig, sockets: list[socket.socket] | None = None) -> None:
     """Serve ``config`` on uvloop when it is installed, else on the default event loop."""
     raise_open_files_limit()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve(config))
+        runner.run(serve(config, sockets=sockets))
 
 
-async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
+async def serve(
+    config: SimConfig, *, clock: Clock | None = None, sockets: list[socket.socket] | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully (flushing the CSV export).
+
+    ``sockets``: serve these, already listening (the gateway's ``--upstream sim``
+    binds its simulator's port itself), instead of binding ``config.host:port``.
 
     While it serves, this process's cycle collector runs on the simulator's timer
     (:class:`payonce.collector.Collector`; the schedule is restored when it stops)
     and the objects alive at start-up are frozen out of collections.
 
-    Raises :class:`ConfigError` when the ledger file cannot be opened or the address
-    cannot be listened on.
+    Raises :class:`ConfigError` when the address cannot be listened on or the
+    ledger file cannot be opened.
     """
+    if sockets is None:
+        # Bound first: a port in use is one line that names the flag (payonce/listening.py).
+        sockets = listen(config.host, config.port)
+    try:
+        await _serve_on(config, clock, sockets)
+    finally:
+        close_all(sockets)
+
+
+async def _serve_on(config: SimConfig, clock: Clock | None, sockets: list[socket.socket]) -> None:
     runner = web.AppRunner(
         build_app(config, clock=clock),
         # The default, said out loud because the product depends on it: a handler
@@ -55,16 +70,9 @@ async def serve(config: SimConfig, *, clock: Clock | None = None) -> None:
     )
     await runner.setup()
     try:
-        # A burst of thousands of connections (a benchmark's, a gateway's) must not
-        # overflow the accept queue: aiohttp's default backlog is 128; uvicorn's 2048.
-        site = web.TCPSite(runner, config.host, config.port, backlog=LISTEN_BACKLOG)
-        try:
-            await site.start()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(
-                f"--host/--port: cannot listen on {config.host}:{config.port}: {reason}"
-            ) from exc
+        for listener in sockets:
+            # aiohttp's default backlog is 128 (payonce/listening.py says why not).
+            await web.SockSite(runner, listener, backlog=BACKLOG).start()
         print(_startup_line(config), file=sys.stderr, flush=True)
         # As in the gateway: collected on a timer between requests, a full
         # collection only while few generations run (payonce/collector.py). On

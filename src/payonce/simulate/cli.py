@@ -17,6 +17,7 @@ import click
 
 from payonce.config import parse_duration
 from payonce.errors import ConfigError
+from payonce.extras import require_extra
 
 if TYPE_CHECKING:
     from payonce.simulate.config import StackConfig
@@ -172,16 +173,12 @@ def simulate_command(**options: Any) -> None:
 
 
 def _run(options: dict[str, Any]) -> None:
-    try:
-        from rich.console import Console
+    require_extra("simulate", "simulate")
+    from rich.console import Console
 
-        from payonce.simulate.report import run_report
-        from payonce.simulate.terminal import render
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ConfigError(
-            f"payonce simulate needs the simulate extra ({exc.name} is missing):"
-            " pip install 'payonce[simulate]'"
-        ) from exc
+    from payonce.simulate.report import run_report
+    from payonce.simulate.terminal import render
+
     stack = build_stack(options)
     requests = _count(options["requests"], "--requests", minimum=1)
     if requests > MAX_REQUESTS:
