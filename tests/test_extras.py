@@ -151,17 +151,29 @@ def test_a_plain_install_of_the_wheel_runs_or_names_the_extra(tmp_path: Path) ->
     shutil.copytree(
         ROOT / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
     )
-    pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", tmp_path, source], check=True, timeout=300)
+    # uv, as make installs it, and the releases uv.lock pins: what is tested is
+    # what the lock holds, not whatever the index serves today.
+    uv = ROOT / ".venv" / "uv" / "bin" / "uv"
+    assert uv.exists(), f"{uv} is missing: run make setup"
+    quiet = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    constraints = tmp_path / "constraints.txt"
+    subprocess.run(
+        [uv, "export", "--frozen", "--all-extras", "--no-emit-project", "--no-hashes",
+         "--quiet", "--project", ROOT, "-o", constraints],
+        check=True, timeout=120, env=quiet,
+    )  # fmt: skip
+    subprocess.run(
+        [uv, "build", "--wheel", "--quiet", "--out-dir", tmp_path, source],
+        check=True, timeout=300, env=quiet,
+    )  # fmt: skip
     (wheel,) = tmp_path.glob("payonce-*.whl")
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
-        check=True,
-        timeout=600,
-    )
+        [uv, "pip", "install", "--quiet", "--python", python, "-c", constraints, wheel],
+        check=True, timeout=600, env=quiet,
+    )  # fmt: skip
     payonce = str(env_dir / "bin" / "payonce")  # the console script, as a user runs it
     # Only the virtualenv's own packages: nothing of this test run's.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
