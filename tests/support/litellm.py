@@ -7,7 +7,9 @@ that routes to ``payonce sim`` and puts the gateway in front.
 LiteLLM is never a dependency of payonce: it lives in its own virtualenv,
 ``.venv/litellm/<version>-<hash of the pins>/``, made by the first test run
 (about 3 minutes, 750 MB, from PyPI) and reused while
-``litellm_requirements.txt`` beside this file stays the same. A virtualenv is
+``litellm_requirements.txt`` beside this file (the lock, with every package's
+hashes, made from ``litellm_requirements.in``) and ``pip_requirements.txt`` stay
+the same. A virtualenv is
 complete once its ``.complete`` file exists; a build that was interrupted is
 started again from scratch, and older builds are removed. The build holds a
 lock, so two test runs never build at once.
@@ -29,7 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from tests.support.processes import Process, _wait_ready, free_port
 
 __all__ = [
     "LITELLM_VERSION",
+    "LOG",
     "MASTER_KEY",
     "Installation",
     "config_text",
@@ -47,6 +50,7 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".venv" / "litellm"
 REQUIREMENTS = Path(__file__).with_name("litellm_requirements.txt")
+PIP = Path(__file__).with_name("pip_requirements.txt")  # installed first (why: in it)
 LITELLM_VERSION = "1.108.7"
 
 # The proxy refuses to start without a master key (or with a weak one). Callers
@@ -79,9 +83,15 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def prepare() -> Installation:
-    """The pinned LiteLLM proxy's virtualenv, built when missing (raises when it cannot be)."""
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
+LOG = HOME / "install.log"
+
+
+def prepare(say: Callable[[str], object] = print) -> Installation:
+    """The pinned LiteLLM proxy's virtualenv, built when missing (raises when it cannot be).
+
+    ``say`` is told before a build starts: what, how long, where its log is.
+    """
+    digest = hashlib.sha256(PIP.read_bytes() + REQUIREMENTS.read_bytes()).hexdigest()[:12]
     target = HOME / f"{LITELLM_VERSION}-{digest}"
     python = target / "bin" / "python"
     HOME.mkdir(parents=True, exist_ok=True)
@@ -92,11 +102,19 @@ def prepare() -> Installation:
             if stale.is_dir():
                 shutil.rmtree(stale)
         started = time.monotonic()
-        log = HOME / "install.log"
+        log = LOG
+        say(
+            f"prepare: installing the LiteLLM proxy {LITELLM_VERSION} into {target}, once"
+            f" (about 3 minutes, 750 MB from PyPI); log: {log}"
+        )
+        pip_install = [str(python), "-m", "pip", "install", "--no-input", "--require-hashes"]
         with log.open("wb") as out:
             for command in (
                 [sys.executable, "-m", "venv", str(target)],
-                [str(python), "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)],
+                # pip first, then every package pinned with its hashes: nothing
+                # but what was locked.
+                [*pip_install, "-r", str(PIP)],
+                [*pip_install, "-r", str(REQUIREMENTS)],
             ):
                 done = subprocess.run(
                     command, stdout=out, stderr=subprocess.STDOUT, timeout=1800, check=False

@@ -46,6 +46,33 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def exited(self, lines: int = 40) -> str | None:
+        """None while it runs; once it has exited, what a failing test should show.
+
+        For example ``llama_cpp.server exited with status -11 (SIGSEGV); the last
+        lines of its log (<path>):`` and those lines: a test that only says
+        "Connection refused" hides that its server crashed.
+        """
+        code = self.popen.poll()
+        if code is None:
+            return None
+        status = str(code)
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                status += f" ({signal.Signals(-code).name})"
+        given = self.popen.args
+        args = [str(arg) for arg in given] if isinstance(given, list | tuple) else [str(given)]
+        program = args[2] if len(args) > 2 and args[1] == "-m" else Path(args[0]).name
+        logged = self.output().splitlines()
+        start = max(0, len(logged) - lines)
+        # A Python program's crash (faulthandler's "Fatal Python error" and every
+        # thread's stack) can be longer than the tail: shown whole, from a little before.
+        crashes = [n for n, line in enumerate(logged) if line.startswith("Fatal Python error")]
+        if crashes:
+            start = min(start, max(0, crashes[-1] - 5))
+        tail = "\n".join(logged[start:])
+        return f"{program} exited with status {status}; the last lines of its log ({self.log}):\n{tail}"
+
 
 def _wait_ready(
     proc: Process, ready_path: str, timeout: float, tls: ssl.SSLContext | None = None

@@ -36,8 +36,9 @@ from tests.support.litellm import MASTER_KEY, Installation, config_text, prepare
 from tests.support.processes import Process, start_payonce
 from tests.support.sim import Sim
 
-# The first test pays for building LiteLLM's virtualenv (minutes, once) and
-# starting the proxy (about 30 s): pytest-timeout counts fixture setup.
+# The first test pays for starting the proxy (about 30 s), and for building
+# LiteLLM's virtualenv (minutes, once) if nothing did before the tests
+# (tests/support/prepare.py): pytest-timeout counts fixture setup.
 pytestmark = [pytest.mark.litellm, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]

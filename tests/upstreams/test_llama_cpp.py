@@ -19,10 +19,13 @@ behind another is dropped if its client left before its turn.
 from __future__ import annotations
 
 import contextlib
+import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ from tests.support.llama_cpp import Installation, LlamaServer, start_server
 from tests.support.processes import Process, start_payonce
 
 pytestmark = pytest.mark.real_upstream
+
+ROOT = Path(__file__).resolve().parents[2]
 
 API_KEY = "sk-local-llama"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -54,6 +59,20 @@ LONG: dict[str, Any] = {
 }
 # The client's timeout, as a fraction of the long generation measured on a direct call.
 TIMEOUT = 0.4
+# Dozens of tokens, which llama.cpp decodes in batches of up to n_batch tokens
+# (512 by default; start_server leaves it so). A llama-cpp-python built with
+# -march=native on a CPU with AVX-512 and AMX died of a general protection fault
+# in llama_decode on any batch of more than one token; one token at a time
+# (--n_batch 1) hid it.
+MANY_TOKENS: dict[str, Any] = {
+    "prompt": (
+        "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape,"
+        " honeydew, kiwi, lemon, mango, nectarine, orange, papaya, quince, raspberry,"
+        " strawberry and tangerine. The first fruit in the list is"
+    ),
+    "max_tokens": 4,
+    **GREEDY,
+}
 
 
 @dataclass
@@ -62,6 +81,7 @@ class Gateway:
 
     process: Process
     call_log: Path
+    clients: list[openai.OpenAI] = field(default_factory=list)  # closed after each test
 
     @property
     def url(self) -> str:
@@ -70,7 +90,20 @@ class Gateway:
     def client(self, **options: Any) -> openai.OpenAI:
         options.setdefault("max_retries", 0)
         options.setdefault("timeout", 60)
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, **options)
+        client = openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, **options)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        """Close the clients a test made, and their connections.
+
+        Left to the garbage collector, a client that a failed test's traceback
+        still held was collected during a later test, its socket sometimes
+        before the client that would have closed it: a ResourceWarning, which
+        failed that unrelated test (``filterwarnings = error``).
+        """
+        while self.clients:
+            self.clients.pop().close()
 
     def lines(
         self, where: Callable[[dict[str, Any]], bool], count: int, timeout: float = 10.0
@@ -137,9 +170,20 @@ def headerless_gateway(
 
 
 @pytest.fixture(scope="module")
-def direct(llama: LlamaServer) -> openai.OpenAI:
+def direct(llama: LlamaServer) -> Iterator[openai.OpenAI]:
     """The SDK talking to llama.cpp itself, without the gateway."""
-    return openai.OpenAI(base_url=llama.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    with openai.OpenAI(
+        base_url=llama.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60
+    ) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    for name in ("gateway", "headerless_gateway"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).close_clients()
 
 
 def _events(raw: bytes) -> list[dict[str, Any]]:
@@ -280,7 +324,7 @@ def test_an_sdk_that_times_out_and_retries_with_a_key_is_billed_one_generation(
     # The SDK's defaults (2 retries, 0.4-1 s apart) with a timeout well inside the
     # generation: its first attempt gives up, a retry joins the run or gets its
     # stored answer (the third attempt's window ends past 1.2 generations + 1.1 s).
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=API_KEY, timeout=TIMEOUT * seconds)
+    client = gateway.client(timeout=TIMEOUT * seconds, max_retries=openai.DEFAULT_MAX_RETRIES)
     client._idempotency_header = "Idempotency-Key"  # the SDK's own per-call key, now sent
     before = llama.generations()
     answer = client.chat.completions.create(model=llama.model, **LONG)
@@ -305,7 +349,7 @@ def test_without_a_key_the_same_retries_are_several_generations(
     llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI
 ) -> None:
     _, seconds = _timed(direct, llama.model)
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=API_KEY, timeout=TIMEOUT * seconds)
+    client = gateway.client(timeout=TIMEOUT * seconds, max_retries=openai.DEFAULT_MAX_RETRIES)
     before = llama.generations()
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model=llama.model, **LONG)
@@ -350,3 +394,44 @@ def test_without_a_request_id_header_the_body_id_is_the_provider_request_id(
     lines = headerless_gateway.keyed(key, 2)
     assert [line["outcome"] for line in lines] == ["forwarded", "replayed"]
     assert [line["upstream_request_id"] for line in lines] == [provider_id] * 2
+
+
+def test_a_prompt_of_dozens_of_tokens_is_decoded_in_batches_of_many(
+    llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI
+) -> None:
+    batch = re.search(r"^llama_context: n_batch\s*=\s*(\d+)$", llama.process.output(), re.M)
+    assert batch is not None and int(batch.group(1)) >= 64, "the server's default batch"
+    answer = direct.completions.create(model=llama.model, **MANY_TOKENS)
+    assert answer.usage.prompt_tokens >= 40
+    assert answer.choices[0].text.strip(), "a real model's words"
+    key = f"llama-many-tokens-{uuid.uuid4()}"
+    through = gateway.client().completions.create(
+        model=llama.model, **MANY_TOKENS, extra_headers={"Idempotency-Key": key}
+    )
+    assert through.choices[0].text == answer.choices[0].text
+    assert through.usage.prompt_tokens == answer.usage.prompt_tokens
+
+
+def test_a_test_whose_server_died_says_so(llama_installation: Installation, tmp_path: Path) -> None:
+    # dying_server.py: its first test kills its llama.cpp server with SIGSEGV and
+    # then calls it; its second only collects garbage.
+    helper = Path(__file__).with_name("dying_server.py")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", helper, "-p", "no:cacheprovider", "-p", "no:xdist"),
+            *("--basetemp", tmp_path / "inner", "-q", "--tb=short"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "1 failed, 1 passed" in output, output
+    # Its status, and the last lines of its log: faulthandler's dump of the crash.
+    assert "ServerDied: llama_cpp.server exited with status -11 (SIGSEGV)" in output, output
+    assert "Fatal Python error: Segmentation fault" in output, output
+    assert "llama-cpp-" in output and ".log):" in output, "the log's path"
+    assert "APIConnectionError" in output, "and what the client saw"
