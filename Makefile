@@ -50,16 +50,18 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/payonce demo
 
-## The test upstreams' virtualenvs (llama.cpp built once, LiteLLM) and the programs
-## the tests drive, with progress on this terminal; seconds when all is ready.
+## What the suite needs besides .venv, one line per step on this terminal: the
+## programs the tests drive (apt, as root), LiteLLM's and llama.cpp's virtualenvs
+## (llama.cpp built once per machine); under a second when all is ready.
 prepare: $(STAMP)
 	$(BIN)/python -m tests.support.prepare
 
-## Lint, type-check and run the whole suite (what CI runs).
+## Lint, type-check, prepare and run the whole suite (what CI runs).
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/python -m tests.support.prepare
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
