@@ -14,6 +14,7 @@ import pytest
 
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 
 
 def test_completed_keys_replay_after_a_restart(
@@ -47,9 +48,10 @@ def test_unkeyed_disconnect_policy(
     start_gateway: GatewayFactory, fresh_sim: Sim, mode: str, connected: bool
 ) -> None:
     gateway = start_gateway("--on-disconnect", mode)
+    # The gateway has 1.8 s to see the client leave before the generation ends.
     with pytest.raises(httpx.ReadTimeout):
-        chat(gateway.url, headers={"X-Sim-Delay-Ms": "700"}, timeout=0.2)
-    time.sleep(1.2)
+        chat(gateway.url, headers={"X-Sim-Delay-Ms": "2000"}, timeout=0.2)
+    wait_until(lambda: fresh_sim.billed(), "the generation's end")
     entries = fresh_sim.ledger()["entries"]
     # A non-streaming provider bills the finished generation either way; what
     # differs is whether anyone was still there to receive it.
@@ -65,7 +67,8 @@ def test_two_gateways_on_one_sqlite_file_share_records_and_leases(
     b = start_gateway("--lease", "1s")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(chat, a.url, "shared-1", headers={"X-Sim-Delay-Ms": "3000"})
-        time.sleep(1.5)
+        wait_until(lambda: fresh_sim.requests(), "A's call upstream")
+        time.sleep(1.5)  # past A's first lease: only its renewals keep the call A's
         duplicate = chat(b.url, "shared-1")
         assert duplicate.status_code == 200
         assert duplicate.headers["idempotent-replayed"] == "true"
@@ -80,16 +83,16 @@ def test_a_killed_holder_leaves_a_lease_that_lapses_and_the_retry_runs_again(
     b = start_gateway("--lease", "1s")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         doomed = pool.submit(chat, a.url, "killed-1", headers={"X-Sim-Delay-Ms": "1500"})
-        time.sleep(0.3)
+        wait_until(lambda: fresh_sim.requests(), "A's call upstream")
         a.stop(signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
             doomed.result()
     # B waits for the dead holder's lease to lapse, takes over and runs again.
     retry = chat(b.url, "killed-1")
     assert retry.status_code == 200 and retry.headers["idempotent-replayed"] == "false"
-    time.sleep(1.5)
-    # The simulator finished A's generation too: the one documented double bill
+    # The simulator finishes A's generation too: the one documented double bill
     # (docs/gateway.md, Failure modes). A's late result can never overwrite B's record.
+    wait_until(lambda: fresh_sim.billed() >= 2, "A's generation billed")
     assert fresh_sim.billed() == 2
     assert chat(b.url, "killed-1").content == retry.content
 
@@ -101,7 +104,7 @@ def test_sigterm_lets_a_running_keyed_call_finish_and_store(
     a = start_gateway(port=port)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(chat, a.url, "drain-1", headers={"X-Sim-Delay-Ms": "1000"})
-        time.sleep(0.3)
+        wait_until(lambda: fresh_sim.requests(), "the call upstream")
         a.popen.send_signal(signal.SIGTERM)
         pending.result()  # served or cut; either way the record must be stored
     a.popen.wait(15)
@@ -114,13 +117,14 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
     start_gateway: GatewayFactory, fresh_sim: Sim
 ) -> None:
     # uvicorn closes the connections still open 5 s after SIGTERM, cancelling their
-    # requests; the keyed runs go on (the drain) and store their answers.
+    # requests; the keyed runs go on (the drain) and store their answers. They last
+    # 8 s from when the simulator has both: 3 s to spare for the signal to land.
     port = free_port()
     a = start_gateway(port=port)
     stream_body = {**CHAT, "stream": True}
 
     def stream(key: str) -> None:
-        sent = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "400"}  # 16 tokens: 6.4 s
+        sent = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "500"}  # 16 tokens: 8 s
         with httpx.stream(
             "POST", a.url + "/v1/chat/completions", json=stream_body, headers=sent, timeout=30
         ) as response:
@@ -130,9 +134,9 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
                     pass
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        whole = pool.submit(chat, a.url, "late-1", headers={"X-Sim-Delay-Ms": "6500"})
+        whole = pool.submit(chat, a.url, "late-1", headers={"X-Sim-Delay-Ms": "8000"})
         streamed = pool.submit(stream, "late-2")
-        time.sleep(0.5)
+        wait_until(lambda: fresh_sim.requests() == 2, "both calls upstream")
         a.popen.send_signal(signal.SIGTERM)
         answer = whole.result()
         streamed.result()
