@@ -159,14 +159,6 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
     assert fresh_sim.billed() == 2
 
 
-def _lease_expiry(db: Path, key: str) -> float:
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        row = conn.execute(
-            "SELECT lease_expires_at FROM payonce_records WHERE key = ?", (key,)
-        ).fetchone()
-    return float(row[0]) if row else 0.0
-
-
 def _record(db: Path, key: str) -> tuple[str, float, float] | None:
     """``key``'s state, claim time and lease end, as the store holds them (None: no claim yet)."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
@@ -222,21 +214,29 @@ def test_a_stopping_gateway_renews_the_leases_of_the_calls_it_drains(
     # to a lease for the keyed runs. A 6 s lease is renewed every 2 s; were renewals
     # to stop when the drain begins, it would lapse mid-drain, while A still runs
     # the call, and B would report it abandoned (and a retry there would run it again).
+    # So once A says its drain began, the lease must be renewed again while the call
+    # runs: it ends 13 s after its claim, the drain begins about 5 s after it.
     a = start_gateway("--lease", "6s")
     b = start_gateway("--lease", "6s")
     db = tmp_path / "payonce.db"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(chat, a.url, "drained-1", headers={"X-Sim-Delay-Ms": "13000"})
-        deadline = time.monotonic() + 5
-        while not (first := _lease_expiry(db, "drained-1")) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        while _lease_expiry(db, "drained-1") == first and time.monotonic() < deadline:
-            time.sleep(0.02)  # until a renewal: from here on they come every 2 s
-        time.sleep(0.5)
+        wait_until(lambda: _record(db, "drained-1"), "the claim")
         a.popen.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        # Renewals until the drain begins (about 5 s in) would last until 9.5 s in.
-        time.sleep(10 - (time.monotonic() - stopped))
+        wait_until(lambda: "for 1 keyed upstream call" in a.output(), "the drain")
+        draining = _record(db, "drained-1")
+        assert draining is not None and draining[0] == "in_progress", draining
+        record: tuple[str, float, float] | None = draining
+
+        def renewed_or_ended() -> bool:
+            nonlocal record
+            record = _record(db, "drained-1")
+            return record is None or record[0] != "in_progress" or record[2] > draining[2]
+
+        wait_until(renewed_or_ended, "a renewal or the call's end")
+        assert record is not None and record[0] == "in_progress", (
+            f"the call ended with no renewal in the drain: {record}"
+        )
         status = httpx.get(b.url + "/_payonce/requests/drained-1", headers=AUTH, timeout=5)
         assert status.json()["state"] == "in_progress", status.json()
     assert a.popen.wait(20) == 0
