@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import signal
 import sqlite3
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 
 
 def test_completed_keys_replay_after_a_restart(
@@ -47,9 +49,10 @@ def test_unkeyed_disconnect_policy(
     start_gateway: GatewayFactory, fresh_sim: Sim, mode: str, connected: bool
 ) -> None:
     gateway = start_gateway("--on-disconnect", mode)
+    # The gateway has 1.8 s to see the client leave before the generation ends.
     with pytest.raises(httpx.ReadTimeout):
-        chat(gateway.url, headers={"X-Sim-Delay-Ms": "700"}, timeout=0.2)
-    time.sleep(1.2)
+        chat(gateway.url, headers={"X-Sim-Delay-Ms": "2000"}, timeout=0.2)
+    wait_until(lambda: fresh_sim.billed(), "the generation's end")
     entries = fresh_sim.ledger()["entries"]
     # A non-streaming provider bills the finished generation either way; what
     # differs is whether anyone was still there to receive it.
@@ -65,7 +68,8 @@ def test_two_gateways_on_one_sqlite_file_share_records_and_leases(
     b = start_gateway("--lease", "1s")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(chat, a.url, "shared-1", headers={"X-Sim-Delay-Ms": "3000"})
-        time.sleep(1.5)
+        wait_until(lambda: fresh_sim.requests(), "A's call upstream")
+        time.sleep(1.5)  # past A's first lease: only its renewals keep the call A's
         duplicate = chat(b.url, "shared-1")
         assert duplicate.status_code == 200
         assert duplicate.headers["idempotent-replayed"] == "true"
@@ -80,16 +84,16 @@ def test_a_killed_holder_leaves_a_lease_that_lapses_and_the_retry_runs_again(
     b = start_gateway("--lease", "1s")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         doomed = pool.submit(chat, a.url, "killed-1", headers={"X-Sim-Delay-Ms": "1500"})
-        time.sleep(0.3)
+        wait_until(lambda: fresh_sim.requests(), "A's call upstream")
         a.stop(signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
             doomed.result()
     # B waits for the dead holder's lease to lapse, takes over and runs again.
     retry = chat(b.url, "killed-1")
     assert retry.status_code == 200 and retry.headers["idempotent-replayed"] == "false"
-    time.sleep(1.5)
-    # The simulator finished A's generation too: the one documented double bill
+    # The simulator finishes A's generation too: the one documented double bill
     # (docs/gateway.md, Failure modes). A's late result can never overwrite B's record.
+    wait_until(lambda: fresh_sim.billed() >= 2, "A's generation billed")
     assert fresh_sim.billed() == 2
     assert chat(b.url, "killed-1").content == retry.content
 
@@ -101,7 +105,7 @@ def test_sigterm_lets_a_running_keyed_call_finish_and_store(
     a = start_gateway(port=port)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(chat, a.url, "drain-1", headers={"X-Sim-Delay-Ms": "1000"})
-        time.sleep(0.3)
+        wait_until(lambda: fresh_sim.requests(), "the call upstream")
         a.popen.send_signal(signal.SIGTERM)
         pending.result()  # served or cut; either way the record must be stored
     a.popen.wait(15)
@@ -114,13 +118,14 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
     start_gateway: GatewayFactory, fresh_sim: Sim
 ) -> None:
     # uvicorn closes the connections still open 5 s after SIGTERM, cancelling their
-    # requests; the keyed runs go on (the drain) and store their answers.
+    # requests; the keyed runs go on (the drain) and store their answers. They last
+    # 8 s from when the simulator has both: 3 s to spare for the signal to land.
     port = free_port()
     a = start_gateway(port=port)
     stream_body = {**CHAT, "stream": True}
 
     def stream(key: str) -> None:
-        sent = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "400"}  # 16 tokens: 6.4 s
+        sent = {**AUTH, "Idempotency-Key": key, "X-Sim-Token-Ms": "500"}  # 16 tokens: 8 s
         with httpx.stream(
             "POST", a.url + "/v1/chat/completions", json=stream_body, headers=sent, timeout=30
         ) as response:
@@ -130,9 +135,9 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
                     pass
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        whole = pool.submit(chat, a.url, "late-1", headers={"X-Sim-Delay-Ms": "6500"})
+        whole = pool.submit(chat, a.url, "late-1", headers={"X-Sim-Delay-Ms": "8000"})
         streamed = pool.submit(stream, "late-2")
-        time.sleep(0.5)
+        wait_until(lambda: fresh_sim.requests() == 2, "both calls upstream")
         a.popen.send_signal(signal.SIGTERM)
         answer = whole.result()
         streamed.result()
@@ -154,33 +159,51 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
     assert fresh_sim.billed() == 2
 
 
-def _lease_expiry(db: Path, key: str) -> float:
+def _record(db: Path, key: str) -> tuple[str, float, float] | None:
+    """``key``'s state, claim time and lease end, as the store holds them (None: no claim yet)."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         row = conn.execute(
-            "SELECT lease_expires_at FROM payonce_records WHERE key = ?", (key,)
+            "SELECT state, created_at, lease_expires_at FROM payonce_records WHERE key = ?",
+            (key,),
         ).fetchone()
-    return float(row[0]) if row else 0.0
+    return (str(row[0]), float(row[1]), float(row[2])) if row else None
 
 
 def test_each_lease_is_renewed_on_its_own_schedule(
     start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
-    # Two keyed calls started 0.6 s apart under a 3 s lease: each is renewed every
-    # 1 s from its own claim, so their lease ends stay 0.4 or 0.6 s apart (by which
-    # was renewed last: at 0, 1, 2 s and at 0.6, 1.6, 2.6 s). Renewing every run
-    # at one tick (as before) put both ends at the same instant: with thousands of
-    # calls in flight, a burst of thousands of renewals at once.
+    # Two keyed calls started 0.6 s apart under a 3 s lease: each is renewed a third
+    # of a lease (1 s) after its own claim or last renewal, never sooner. Renewing
+    # every run at one tick every 1 s (as before) put their lease ends at the same
+    # instant (with thousands of calls in flight, a burst of thousands of renewals
+    # at once), so one of two calls claimed 0.6 s apart was renewed 0.6 s or less
+    # after its claim. A lease ends a lease after the instant it was taken
+    # or renewed, so the ends the store held while the calls ran say when each was;
+    # a busy machine can make a renewal later, never sooner.
     gateway = start_gateway("--lease", "3s")
     db = tmp_path / "payonce.db"
     slow = {"X-Sim-Delay-Ms": "4000"}
+    keys = ("own-schedule-1", "own-schedule-2")
+    ends: dict[str, set[float]] = {key: set() for key in keys}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        first = pool.submit(chat, gateway.url, "own-schedule-1", headers=slow)
+        first = pool.submit(chat, gateway.url, keys[0], headers=slow)
         time.sleep(0.6)
-        second = pool.submit(chat, gateway.url, "own-schedule-2", headers=slow)
-        time.sleep(2.0)  # both renewed at least once since their claims
-        gap = _lease_expiry(db, "own-schedule-2") - _lease_expiry(db, "own-schedule-1")
+        second = pool.submit(chat, gateway.url, keys[1], headers=slow)
+        while not (first.done() and second.done()):
+            for key in keys:
+                record = _record(db, key)
+                if record is not None and record[0] == "in_progress":
+                    ends[key] |= {record[1] + 3, record[2]}  # the claim's end, the latest
+            time.sleep(0.02)
         assert first.result().status_code == second.result().status_code == 200
-    assert 0.25 < abs(gap) < 0.75, f"lease ends {gap:.2f} s apart: renewed together?"
+    for key, seen in ends.items():
+        assert len(seen) > 1, f"{key}: never seen renewed ({sorted(seen)})"
+        times = sorted(seen)
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        # 1 s, less how late the store read its clock for the renewal before (a few
+        # ms): 0.2 s allowed. One tick for all renewed one of these two 0.6 s or
+        # less after its claim.
+        assert min(gaps) > 0.8, f"{key} renewed {min(gaps):.2f} s after the last: {gaps}"
     assert fresh_sim.billed() == 2
 
 
@@ -191,21 +214,29 @@ def test_a_stopping_gateway_renews_the_leases_of_the_calls_it_drains(
     # to a lease for the keyed runs. A 6 s lease is renewed every 2 s; were renewals
     # to stop when the drain begins, it would lapse mid-drain, while A still runs
     # the call, and B would report it abandoned (and a retry there would run it again).
+    # So once A says its drain began, the lease must be renewed again while the call
+    # runs: it ends 13 s after its claim, the drain begins about 5 s after it.
     a = start_gateway("--lease", "6s")
     b = start_gateway("--lease", "6s")
     db = tmp_path / "payonce.db"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(chat, a.url, "drained-1", headers={"X-Sim-Delay-Ms": "13000"})
-        deadline = time.monotonic() + 5
-        while not (first := _lease_expiry(db, "drained-1")) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        while _lease_expiry(db, "drained-1") == first and time.monotonic() < deadline:
-            time.sleep(0.02)  # until a renewal: from here on they come every 2 s
-        time.sleep(0.5)
+        wait_until(lambda: _record(db, "drained-1"), "the claim")
         a.popen.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        # Renewals until the drain begins (about 5 s in) would last until 9.5 s in.
-        time.sleep(10 - (time.monotonic() - stopped))
+        wait_until(lambda: "for 1 keyed upstream call" in a.output(), "the drain")
+        draining = _record(db, "drained-1")
+        assert draining is not None and draining[0] == "in_progress", draining
+        record: tuple[str, float, float] | None = draining
+
+        def renewed_or_ended() -> bool:
+            nonlocal record
+            record = _record(db, "drained-1")
+            return record is None or record[0] != "in_progress" or record[2] > draining[2]
+
+        wait_until(renewed_or_ended, "a renewal or the call's end")
+        assert record is not None and record[0] == "in_progress", (
+            f"the call ended with no renewal in the drain: {record}"
+        )
         status = httpx.get(b.url + "/_payonce/requests/drained-1", headers=AUTH, timeout=5)
         assert status.json()["state"] == "in_progress", status.json()
     assert a.popen.wait(20) == 0

@@ -6,14 +6,15 @@ only sends it when told which header to use (REFERENCE.md).
 
 from __future__ import annotations
 
-import time
 import uuid
 
+import httpx2 as httpx
 import openai
 import pytest
 
 from tests.gateway.conftest import Sim
 from tests.support.processes import Process
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -41,7 +42,13 @@ def test_three_timed_out_attempts_bill_once_and_the_next_call_gets_the_stored_an
     key = f"order-{uuid.uuid4()}"
     with pytest.raises(openai.APITimeoutError):
         create(client, 4000, key)
-    time.sleep(4.5)  # the gateway kept the upstream call running after the client left
+    # The gateway kept the upstream call running after the client left, and stores it.
+    status = httpx.get(
+        f"{gateway.url}/_payonce/requests/{key}?wait=30",
+        headers={"Authorization": "Bearer sk-test"},
+        timeout=40,
+    )
+    assert status.json()["state"] == "completed", status.text
     ledger = fresh_sim.ledger()
     assert ledger["billed"] == 1
     assert ledger["requests"] == 1, "the SDK's retries joined the first call"
@@ -78,10 +85,12 @@ def test_the_same_calls_straight_to_the_simulator_bill_three_times(fresh_sim: Si
     client = sdk_client(fresh_sim.url)
     with pytest.raises(openai.APITimeoutError):
         create(client, 4000)
-    time.sleep(4.5)
-    assert fresh_sim.billed() == 3
+    # Each attempt's generation runs to its end and is billed, the last one about
+    # 4 s after it began.
+    wait_until(lambda: fresh_sim.billed() >= 3, "three bills")
+    assert fresh_sim.billed() == fresh_sim.requests() == 3
     fresh_sim.reset()
     with pytest.raises(openai.APITimeoutError):
         create(client, 1500)  # every attempt times out: there is nothing to replay
-    time.sleep(2)
-    assert fresh_sim.billed() == 3
+    wait_until(lambda: fresh_sim.billed() >= 3, "three bills")
+    assert fresh_sim.billed() == fresh_sim.requests() == 3

@@ -14,6 +14,7 @@ import pytest
 
 from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
 from tests.support.processes import Process
+from tests.support.waiting import wait_until
 
 
 def test_health(gateway: Process) -> None:
@@ -53,18 +54,19 @@ def test_status_document_of_a_completed_request(gateway: Process, fresh_sim: Sim
 
 
 def test_long_poll_returns_when_the_request_completes(gateway: Process, fresh_sim: Sim) -> None:
+    status = gateway.url + "/_payonce/requests/status-2"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(chat, gateway.url, "status-2", headers={"X-Sim-Delay-Ms": "800"})
-        time.sleep(0.2)
-        running = httpx.get(gateway.url + "/_payonce/requests/status-2", headers=AUTH).json()
+        # A 2 s call: the status is asked for as soon as the call is upstream.
+        pending = pool.submit(chat, gateway.url, "status-2", headers={"X-Sim-Delay-Ms": "2000"})
+        wait_until(lambda: fresh_sim.requests(), "the call upstream")
+        running = httpx.get(status, headers=AUTH).json()
         assert running["state"] == "in_progress" and running["status_code"] is None
-        not_yet = httpx.get(gateway.url + "/_payonce/requests/status-2/response", headers=AUTH)
+        not_yet = httpx.get(status + "/response", headers=AUTH)
         assert not_yet.status_code == 409 and not_yet.headers["retry-after"]
         started = time.monotonic()
-        done = httpx.get(
-            gateway.url + "/_payonce/requests/status-2?wait=10", headers=AUTH, timeout=15
-        )
-        assert time.monotonic() - started < 5
+        done = httpx.get(status + "?wait=20", headers=AUTH, timeout=30)
+        # Back when the call completed (2 s), not when the wait ran out (20 s).
+        assert time.monotonic() - started < 10
         assert done.json()["state"] == "completed"
         original = pending.result()
     stored = httpx.get(gateway.url + "/_payonce/requests/status-2/response", headers=AUTH)

@@ -190,9 +190,11 @@ def test_a_stream_whose_upstream_dies_is_not_stored_and_the_retry_runs_again(
 def test_status_reports_a_running_streams_progress(gateway: Process, fresh_sim: Sim) -> None:
     key = f"progress-{uuid.uuid4()}"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(raw_events, gateway.url, key)
+        # 60 tokens 50 ms apart: 3 s or more in progress, asked about until it ends
+        # (a fixed number of asks could all come before a slow start).
+        pending = pool.submit(raw_events, gateway.url, key, {"X-Sim-Token-Ms": "50"})
         seen: list[int] = []
-        for _ in range(40):
+        while not pending.done():
             doc = httpx.get(f"{gateway.url}/_payonce/requests/{key}", headers=AUTH).json()
             if doc.get("state") == "in_progress" and doc.get("events"):
                 seen.append(doc["events"])
