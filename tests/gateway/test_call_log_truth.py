@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from payonce.sim.ledger import CSV_FIELDS
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.exposition import metric
 from tests.support.processes import Process
+from tests.support.waiting import wait_until
 
 SLOW = {"X-Sim-Delay-Ms": "2000"}
 
@@ -112,7 +112,7 @@ def test_joined_duplicates_and_409s_sent_to_clients_that_left_are_499(
     key = f"dup-{uuid.uuid4()}"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(chat, gateway.url, key, headers=SLOW, timeout=10)
-        time.sleep(0.3)
+        wait_until(lambda: fresh_sim.requests(), "the first call upstream")
         _give_up(gateway, key)  # joins, leaves at 0.5 s; its 409 comes at 1 s
         assert first.result().status_code == 200
     text = _metrics(gateway)
@@ -129,7 +129,20 @@ def test_an_unkeyed_call_cancelled_after_its_client_left_is_not_a_500(
     log = tmp_path / "calls.jsonl"
     gateway = start_gateway("--call-log", str(log))  # --on-disconnect cancel, the default
     _give_up(gateway, None)
-    time.sleep(2.0)  # the simulator finishes (and bills) the generation anyway
+
+    def counted() -> bool:
+        text = _metrics(gateway)
+        upstream = sum(
+            metric(text, "payonce_upstream_calls_total", status=status)
+            for status in ("cancelled", "error")
+        )
+        answered = sum(
+            metric(text, "payonce_requests_total", outcome="passthrough", status_class=status)
+            for status in ("2xx", "499", "5xx")
+        )
+        return upstream > 0 and answered > 0
+
+    wait_until(counted, "the request and its upstream call counted")
     text = _metrics(gateway)
     assert metric(text, "payonce_requests_total", outcome="passthrough", status_class="499") == 1
     assert metric(text, "payonce_requests_total", outcome="passthrough", status_class="5xx") == 0
@@ -140,7 +153,10 @@ def test_an_unkeyed_call_cancelled_after_its_client_left_is_not_a_500(
     assert line["client_disconnected"] is True
     assert line["upstream_cancelled"] is True and line["upstream_status"] is None
     assert line["upstream_attempts"] == 1, "the request was sent once"
-    assert fresh_sim.billed() == 1  # billed, although nobody got it: the log says why
+    # The simulator finishes the generation (2 s) and bills it, although nobody got it:
+    # the log says why. (Awaited here, or it would land in the next test's ledger.)
+    wait_until(lambda: fresh_sim.billed(), "the generation billed")
+    assert fresh_sim.billed() == 1
     # The cancelled call never learnt its provider id: reconcile shows the spend as
     # unmatched, and no success.
     report = reconcile([log], [_bill(fresh_sim, tmp_path / "bill.csv")])

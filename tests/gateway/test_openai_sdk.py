@@ -7,6 +7,7 @@ only sends it when told which header to use (REFERENCE.md).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 
 import httpx2 as httpx
 import openai
@@ -19,11 +20,22 @@ from tests.support.waiting import wait_until
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def sdk_client(base_url: str) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", timeout=0.5)
-    assert client.max_retries == 2, "the test relies on the SDK's default of three attempts"
-    client._idempotency_header = "Idempotency-Key"
-    return client
+@pytest.fixture
+def sdk_client() -> Iterator[Callable[[str], openai.OpenAI]]:
+    """Makes SDK clients, closed after the test: their pooled connections (one may be left
+    by a timed-out attempt) are not left for the garbage collector to find in a later test."""
+    clients: list[openai.OpenAI] = []
+
+    def make(base_url: str) -> openai.OpenAI:
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", timeout=0.5)
+        assert client.max_retries == 2, "the test relies on the SDK's default of three attempts"
+        client._idempotency_header = "Idempotency-Key"
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
 
 
 def create(client: openai.OpenAI, delay_ms: int, key: str | None = None) -> object:
@@ -36,7 +48,7 @@ def create(client: openai.OpenAI, delay_ms: int, key: str | None = None) -> obje
 
 
 def test_three_timed_out_attempts_bill_once_and_the_next_call_gets_the_stored_answer(
-    gateway: Process, fresh_sim: Sim
+    gateway: Process, fresh_sim: Sim, sdk_client: Callable[[str], openai.OpenAI]
 ) -> None:
     client = sdk_client(gateway.url)
     key = f"order-{uuid.uuid4()}"
@@ -66,7 +78,7 @@ def test_three_timed_out_attempts_bill_once_and_the_next_call_gets_the_stored_an
 
 
 def test_the_sdks_last_retry_receives_the_stored_completion(
-    gateway: Process, fresh_sim: Sim
+    gateway: Process, fresh_sim: Sim, sdk_client: Callable[[str], openai.OpenAI]
 ) -> None:
     client = sdk_client(gateway.url)
     raw = client.chat.completions.with_raw_response.create(
@@ -81,7 +93,9 @@ def test_the_sdks_last_retry_receives_the_stored_completion(
     assert fresh_sim.billed() == 1
 
 
-def test_the_same_calls_straight_to_the_simulator_bill_three_times(fresh_sim: Sim) -> None:
+def test_the_same_calls_straight_to_the_simulator_bill_three_times(
+    fresh_sim: Sim, sdk_client: Callable[[str], openai.OpenAI]
+) -> None:
     client = sdk_client(fresh_sim.url)
     with pytest.raises(openai.APITimeoutError):
         create(client, 4000)

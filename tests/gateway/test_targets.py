@@ -17,6 +17,7 @@ import uuid
 
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory
 from tests.support.processes import Process
+from tests.support.waiting import wait_until
 
 STREAM = {**CHAT, "stream": True}
 
@@ -53,8 +54,12 @@ def _post(path: str, body: dict[str, object], headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
 
-def _log_after(gateway: Process, settle: float = 0.3) -> str:
-    time.sleep(settle)  # the gateway writes its log line as the request ends
+def _log_after(gateway: Process, expected: str | None = None, settle: float = 0.3) -> str:
+    """The gateway's log once it has ``expected`` (written as the request ends), and ``settle``
+    seconds more for anything that should not be there."""
+    if expected is not None:
+        wait_until(lambda: expected in gateway.output(), f"{expected!r} in the gateway's log")
+    time.sleep(settle)
     return gateway.output()
 
 
@@ -102,7 +107,7 @@ def test_an_unkeyed_stream_that_dies_is_broken_for_the_client_and_logged_in_one_
     status, headers, body = _head_and_body(answer)
     assert status == 200 and headers["transfer-encoding"] == "chunked"
     assert not body.endswith(b"0\r\n\r\n"), "the client must see a broken stream, not a short one"
-    log = _log_after(gateway)
+    log = _log_after(gateway, "broke off")
     _assert_no_protocol_errors(log)
     broken = [line for line in log.splitlines() if "broke off" in line]
     assert len(broken) == 1, log
@@ -118,7 +123,7 @@ def test_a_keyed_stream_that_dies_is_broken_for_the_client_and_logged_in_one_lin
     status, _, body = _head_and_body(answer)
     assert status == 200
     assert not body.endswith(b"0\r\n\r\n")
-    log = _log_after(gateway)
+    log = _log_after(gateway, "broke off")
     _assert_no_protocol_errors(log)
     broken = [line for line in log.splitlines() if "broke off" in line]
     assert len(broken) == 1, log

@@ -204,6 +204,15 @@ def read_call_log(path: Path) -> list[dict[str, object]]:
     return lines
 
 
+def _logged_keys(path: Path) -> set[str]:
+    """The keys of the whole lines written so far (one may be half written)."""
+    keys: set[str] = set()
+    for file in path.parent.glob(path.name + "*"):
+        for line in file.read_bytes().split(b"\n")[:-1]:
+            keys.add(str(orjson.loads(line)["key"]))
+    return keys
+
+
 def test_three_workers_under_load_log_each_request_once_through_rotations(
     start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
@@ -293,7 +302,8 @@ def test_lines_handed_over_outlive_a_worker_killed_with_sigkill(
     gateway = start_gateway("--workers", "2", "--call-log", str(log_path))
     supervisor = gateway.popen.pid
     before = {f"before-{index}": timed_chat(gateway, f"before-{index}")[1] for index in range(30)}
-    time.sleep(2.5)  # two hand-overs (once a second): the lines are the supervisor's
+    # Handed over (once a second) and written by the supervisor: the lines are its now.
+    wait_until(lambda: set(before) <= _logged_keys(log_path), "the lines in the supervisor's file")
     victim = Counter(before.values()).most_common(1)[0][0]
     os.kill(victim, signal.SIGKILL)
     wait_until(

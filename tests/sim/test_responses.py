@@ -389,10 +389,9 @@ def test_retrieving_as_a_stream_is_not_modelled(fresh_sim: Sim) -> None:
 
 
 def test_a_background_response_is_polled_to_completion_and_billed_once(fresh_sim: Sim) -> None:
-    with client(fresh_sim, {"X-Sim-Delay-Ms": "800"}) as sdk:
-        started = time.monotonic()
+    with client(fresh_sim, {"X-Sim-Delay-Ms": "2000"}) as sdk:
         queued = sdk.responses.create(**BODY, background=True)
-        answered_after = time.monotonic() - started
+        # Answered before the generation (2 s) ended: nothing billed yet.
         assert fresh_sim.ledger()["billed"] == 0
         statuses = [queued.status]
         polled = queued
@@ -401,7 +400,6 @@ def test_a_background_response_is_polled_to_completion_and_billed_once(fresh_sim
             time.sleep(0.05)
             polled = sdk.responses.retrieve(queued.id)
             statuses.append(polled.status)
-    assert answered_after < 0.5, "a background request answers before the generation"
     assert queued.status == "queued"
     assert (queued.background, queued.output, queued.usage) == (True, [], None)
     assert "in_progress" in statuses
