@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,7 @@ class RawUpstream:
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
+        served = 0  # requests answered on this connection
         with conn:
             while True:
                 while b"\r\n\r\n" not in buffer:
@@ -87,6 +89,11 @@ class RawUpstream:
                 while len(buffer) < length:
                     buffer += conn.recv(65536)
                 buffer = buffer[length:]
+                if path.endswith("/closes-always") or (path.endswith("/closes-idle") and served):
+                    # As a server closing a connection it kept idle, at the moment the
+                    # next request arrives (the keep-alive race): no byte of an answer.
+                    return
+                served += 1
                 response, close = _answer(path, method)
                 conn.sendall(response)
                 if close:
@@ -146,6 +153,33 @@ def test_bodies_however_delimited(gateway: Process, path: str) -> None:
         assert "transfer-encoding" not in {name.lower() for name in headers}
         status, body, headers = _post(gateway, path, key=f"{path}-{n}")  # its replay
         assert (status, body, headers["idempotent-replayed"]) == (200, BODY, "true")
+
+
+@pytest.mark.parametrize("key", [None, "idle-closed"])
+def test_a_request_on_a_connection_the_upstream_closed_as_idle_goes_again_on_a_new_one(
+    gateway: Process, upstream: RawUpstream, key: str | None
+) -> None:
+    # RFC 9112 section 9.3.1: a server may close an idle connection just as the next
+    # request is written on it. Nothing of an answer came back, and nothing was read
+    # there (a reused connection): the gateway sends the request once more, on a new
+    # connection, rather than answer 502 for a request no upstream ran.
+    _post(gateway, "/v1/chat/completions")  # the pool now holds an idle connection
+    before = upstream.connections
+    status, body, _ = _post(gateway, "/v1/closes-idle", key=key)
+    assert (status, body) == (200, BODY)
+    assert upstream.connections == before + 1
+
+
+def test_a_new_connection_closed_without_an_answer_is_not_tried_again(
+    gateway: Process, upstream: RawUpstream
+) -> None:
+    _post(gateway, "/v1/chat/completions")
+    before = upstream.connections
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        _post(gateway, "/v1/closes-always", key="closes-always")
+    failed.value.close()
+    assert failed.value.code == 502
+    assert upstream.connections == before + 1  # the reused one, then one new: no more
 
 
 def test_head_has_no_body_and_the_next_request_is_whole(gateway: Process) -> None:
