@@ -8,9 +8,10 @@ received (no decompression) so a replay is byte-for-byte the original.
 Retries happen only when the request provably never left (docs/gateway.md, Gateway
 retries): a refused connection, a DNS failure, a failed TLS handshake or a
 connect timeout (:class:`ConnectFailed`), and once when a reused keep-alive
-connection ended before any answer came back (the server had closed it as idle). Anything after the request was
-written is ambiguous, since the provider may be generating (and billing)
-already, so it is reported, never retried here.
+connection ended before any answer came back (the server had closed it as
+idle). Anything else after the request was written is ambiguous, since the
+provider may be generating (and billing) already, so it is reported, never
+retried here.
 """
 
 from __future__ import annotations
@@ -195,7 +196,6 @@ class Upstream:
                     ) from exc
                 await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
                 attempt += 1
-
 
     async def _connect_new(self, pool: Pool) -> Connection:
         try:
