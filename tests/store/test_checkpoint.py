@@ -8,11 +8,12 @@ store costs nothing, and that one process of several is elected.
 
 The WAL's restarts are counted in the WAL file's header, as SQLite made them,
 and the writing goes on until enough were seen: no bound on how many rows come
-in a given time, which depends on the machine. The thread's own ``restarts``
+in a given time, which depends on the machine. The thread's own ``rows``
 counts the rows it committed for one, and SQLite starts the WAL over in such a
 row only if no other commit landed between the start of the checkpoint and the
 row's snapshot (with rows 0.5 ms apart, about one in eight here; one in twenty
-on a busy machine).
+on a busy machine); its ``restarts`` counts the restarts in its header, as this
+test does.
 """
 
 from __future__ import annotations
@@ -144,19 +145,21 @@ def test_the_wal_is_copied_and_started_over_while_writes_keep_coming(tmp_path: P
     conn = _loop_connection(db)
     checkpointer = Checkpointer(str(db), interval=INTERVAL, restart=1, force=10**9, cap=10**9)
     checkpointer.start()
-    try:
-        with open(f"{db}-wal", "rb") as wal:
-            first = _salt(wal)
+    with open(f"{db}-wal", "rb") as wal:
+        first = _salt(wal)
+        try:
             written = _write_until(conn, wal, lambda: _restarts(wal, first), pause=0.0005)
-            restarts = _restarts(wal, first)
-    finally:
-        checkpointer.stop()
+        finally:
+            checkpointer.stop()
+        restarts = _restarts(wal, first)
     stats = checkpointer.stats
-    # Without forced rounds: the gaps between writes are enough for the thread's
-    # restarts. The loop's connection never starts the WAL over (the thread's pin
-    # is a reader inside it), so each restart was one of the thread's rows.
+    # Without forced rounds: the gaps between writes are enough. The WAL starts
+    # over in one of the thread's rows or in a loop commit that finds it all
+    # copied; the thread counts them from the header as this test does (one more
+    # at most: start()'s round, before `first`), not the rows it wrote.
     assert stats.elected and stats.forced == 0 and stats.errors == 0, stats
-    assert stats.restarts >= restarts, (restarts, stats)
+    assert restarts <= stats.restarts <= restarts + 1, (restarts, stats)
+    assert stats.rows > 0, stats
     _intact(conn, db, written)
 
 

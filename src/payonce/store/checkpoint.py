@@ -100,7 +100,8 @@ class CheckpointStats:
 
     elected: bool = False  # this process holds the checkpointer lock
     checkpoints: int = 0  # PASSIVE checkpoints run
-    restarts: int = 0  # rows written to start the WAL over (committed; SQLite decides)
+    restarts: int = 0  # times the WAL started over, by whichever writer (its header says)
+    rows: int = 0  # rows this thread committed to start it over (SQLite decides if one does)
     forced: int = 0  # checkpoints run with this process's writes held
     wal_frames: int = 0  # frames in the WAL at the last checkpoint
     most_frames: int = 0  # ...and at most
@@ -156,10 +157,10 @@ class Checkpointer:
         stats = self.stats
         if stats.checkpoints:
             log.info(
-                "SQLite checkpointer for %s: %d checkpoints, %d restarts (%d forced; writes"
-                " held %.3f s in all), WAL at most %d frames",
-                self._path, stats.checkpoints, stats.restarts, stats.forced, stats.held,
-                stats.most_frames,
+                "SQLite checkpointer for %s: %d checkpoints, %d restarts in %d rows (%d forced;"
+                " writes held %.3f s in all), WAL at most %d frames",
+                self._path, stats.checkpoints, stats.restarts, stats.rows, stats.forced,
+                stats.held, stats.most_frames,
             )  # fmt: skip
 
     def _elected(self) -> None:
@@ -187,6 +188,22 @@ class Checkpointer:
                 self._cycle.close()
             if self._lock is not None:
                 os.close(self._lock)
+
+
+def _wal_salt(path: str) -> int | None:
+    """Salt-1 of the WAL's header, which SQLite adds one to each time the WAL starts over.
+
+    None when there is no WAL to read (https://www.sqlite.org/fileformat2.html#walformat).
+    """
+    try:
+        fd = os.open(path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        header = os.pread(fd, 4, 16)
+    finally:
+        os.close(fd)
+    return int.from_bytes(header, "big") if len(header) == 4 else None
 
 
 def _open_lock(path: str) -> int | None:
@@ -220,7 +237,7 @@ class _Cycle:
         cap: int,
     ) -> None:
         """``restart``, ``force``, ``cap``: WAL frames, as for :class:`Checkpointer`."""
-        self._hold = hold
+        self._path, self._hold = path, hold
         self._restart_at, self._force, self._cap = restart, force, cap
         self.stats = stats
         self._pins = (self._connect(path), self._connect(path))
@@ -230,6 +247,7 @@ class _Cycle:
         # Waits out a commit in progress in a forced round.
         self._gate = self._connect(path, timeout=_GATE_TIMEOUT)
         self._seen: int | None = None  # data_version at the last round
+        self._salt = _wal_salt(path)  # the WAL header's salt-1 when last read
 
     @staticmethod
     def _connect(path: str, timeout: float = _BUSY_TIMEOUT) -> sqlite3.Connection:
@@ -245,6 +263,7 @@ class _Cycle:
                 log.warning("SQLite checkpoint failed: %s", exc)
 
     def close(self) -> None:
+        self._count_restarts()
         self._release_pin()
         for conn in (*self._pins, self._writer, self._gate):
             conn.close()
@@ -255,6 +274,7 @@ class _Cycle:
         version = int(self._writer.execute("PRAGMA data_version").fetchone()[0])
         if version == self._seen:
             return
+        self._count_restarts()
         self._take_pin()  # at the newest snapshot: the checkpoint may copy all of it
         # Read after the pin began: a later round runs only for a commit the pin
         # does not see, so the WAL then holds frames not yet copied, and the
@@ -273,6 +293,19 @@ class _Cycle:
             self._forced(unpin=frames >= self._cap)
         # Its own writes leave data_version as it is: the next round runs only
         # if someone else committed.
+
+    def _count_restarts(self) -> None:
+        """Add the WAL's restarts since the last look, read from its header.
+
+        Not counted as this thread's rows commit: SQLite starts the WAL over in
+        such a row only when no other connection's reader is inside the WAL, and
+        any writer (another process's too) may be the first to find it all copied
+        and start it over. Each restart is a sync of the header, wherever it is.
+        """
+        salt = _wal_salt(self._path)
+        if salt is not None and self._salt is not None:
+            self.stats.restarts += (salt - self._salt) % 2**32
+        self._salt = salt if salt is not None else self._salt
 
     def _checkpoint(self) -> tuple[int, int] | None:
         """(frames in the WAL, frames copied); None if another checkpoint ran or not in WAL mode."""
@@ -317,7 +350,7 @@ class _Cycle:
             if writer.in_transaction:
                 writer.execute("ROLLBACK")
             self._take_pin()  # the row just written is not yet copied: pinned inside the WAL
-        self.stats.restarts += 1
+        self.stats.rows += 1
         return True
 
     def _forced(self, *, unpin: bool) -> None:
