@@ -93,9 +93,29 @@ def test_run_b_reconciles_exactly_with_its_ledger(demo: tuple[dict[str, Any], Pa
     assert (run / "reconcile.html").read_text().lower().startswith("<!doctype html>")
 
 
+@pytest.fixture(scope="module")
+def slower_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Runs A and D at half the article's durations (about 80 s): a 5 s timeout.
+
+    At the default --time-scale 0.1 a timeout lasts 1 s, and a loaded machine's
+    delays (timers that fire late in the application's loop, a proxy slow to
+    re-send) are a tenth of it: run A measured 0.241 against the model's 0.312
+    with another suite and stress-ng alongside. Here they are a fiftieth.
+    """
+    folder = tmp_path_factory.mktemp("slower-demo")
+    summary = folder / "summary.json"
+    done = _payonce(
+        "demo", "--requests", str(REQUESTS), "--runs", "A,D", "--time-scale", "0.5",
+        "--output", str(folder), "--json", str(summary), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs: dict[str, Any] = json.loads(summary.read_text())["runs"]
+    return runs
+
+
 @pytest.mark.slow
-def test_simulate_agrees_with_the_demo(demo: tuple[dict[str, Any], Path, str]) -> None:
-    measured = demo[0]["runs"]
+def test_simulate_agrees_with_the_demo(slower_demo: dict[str, Any]) -> None:
+    measured = slower_demo
     usual = _payonce("simulate", *DEMO_STACK, "--json")
     assert usual.returncode == 0, usual.stderr
     expected = json.loads(usual.stdout)["duplicate_ratio"]
@@ -108,9 +128,8 @@ def test_simulate_agrees_with_the_demo(demo: tuple[dict[str, Any], Path, str]) -
 def _spread(run: dict[str, Any]) -> float:
     """Three standard deviations of a duplicate ratio measured over one run's generations.
 
-    The demo is one sample of a few hundred generations, and on a loaded machine its
-    scaled-down latencies (time scale 0.1) also shift which calls time out; a fixed
-    0.03 was about 1.5 standard deviations and failed under load (0.254 against 0.312).
+    The demo is one sample of a few hundred generations (a fixed 0.03 was about
+    1.5 standard deviations); the model's figure is from 200,000.
     """
     p, n = run["duplicate_ratio"], max(1, run["billed_generations"])
     return 3 * (p * (1 - p) / n) ** 0.5 + 0.01
