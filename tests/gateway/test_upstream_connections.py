@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import socket
 import threading
-import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import Process, free_port, start_payonce
+from tests.support.waiting import wait_until
 
 BODY = b'{"id":"chatcmpl-raw","object":"chat.completion","choices":[]}'
 AUTH = {"Authorization": "Bearer sk-raw", "Content-Type": "application/json"}
@@ -53,6 +53,7 @@ class RawUpstream:
 
     def __init__(self) -> None:
         self.connections = 0
+        self.closed = 0  # connections this side has closed
         self.heads: list[bytes] = []  # every request head received, as sent
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
@@ -68,36 +69,36 @@ class RawUpstream:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._exchange(conn)
+        finally:
+            conn.close()
+            self.closed += 1
+
+    def _exchange(self, conn: socket.socket) -> None:
         buffer = b""
-        served = 0  # requests answered on this connection
-        with conn:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                self.heads.append(head)
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ")
-                length = 0
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
-                while len(buffer) < length:
-                    buffer += conn.recv(65536)
-                buffer = buffer[length:]
-                if path.endswith("/closes-always") or (path.endswith("/closes-idle") and served):
-                    # As a server closing a connection it kept idle, at the moment the
-                    # next request arrives (the keep-alive race): no byte of an answer.
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                data = conn.recv(65536)
+                if not data:
                     return
-                served += 1
-                response, close = _answer(path, method)
-                conn.sendall(response)
-                if close:
-                    return
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            self.heads.append(head)
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ")
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            while len(buffer) < length:
+                buffer += conn.recv(65536)
+            buffer = buffer[length:]
+            response, close = _answer(path, method)
+            conn.sendall(response)
+            if close:
+                return
 
     def close(self) -> None:
         self._server.close()
@@ -142,44 +143,29 @@ def test_connections_are_kept_alive(gateway: Process, upstream: RawUpstream) -> 
     assert upstream.connections == before  # every request rode the same connection
 
 
+def _closed_since(upstream: RawUpstream, closed: int) -> Callable[[], bool]:
+    return lambda: upstream.closed > closed
+
+
 @pytest.mark.parametrize(
     "path", ["/v1/chunked", "/v1/until-close", "/v1/continue", "/v1/then-close"]
 )
-def test_bodies_however_delimited(gateway: Process, path: str) -> None:
+def test_bodies_however_delimited(gateway: Process, upstream: RawUpstream, path: str) -> None:
     for n in range(2):  # the second goes on a connection the first left as it should be
+        closed = upstream.closed
         status, body, headers = _post(gateway, path, key=f"{path}-{n}")
+        if path.endswith("/then-close"):
+            # A server that hangs up after a keep-alive response: once it has, the
+            # gateway must not reuse the connection. Written on it a moment before,
+            # the next request would be answered 502, never sent again: the
+            # gateway cannot tell that hang-up from an upstream that computed the
+            # answer and dropped the connection (docs/gateway.md, "Gateway retries").
+            wait_until(_closed_since(upstream, closed), "the upstream's hang-up")
         assert (status, body) == (200, BODY)
         assert headers["x-request-id"] == "raw-1"
         assert "transfer-encoding" not in {name.lower() for name in headers}
         status, body, headers = _post(gateway, path, key=f"{path}-{n}")  # its replay
         assert (status, body, headers["idempotent-replayed"]) == (200, BODY, "true")
-
-
-@pytest.mark.parametrize("key", [None, "idle-closed"])
-def test_a_request_on_a_connection_the_upstream_closed_as_idle_goes_again_on_a_new_one(
-    gateway: Process, upstream: RawUpstream, key: str | None
-) -> None:
-    # RFC 9112 section 9.3.1: a server may close an idle connection just as the next
-    # request is written on it. Nothing of an answer came back, and nothing was read
-    # there (a reused connection): the gateway sends the request once more, on a new
-    # connection, rather than answer 502 for a request no upstream ran.
-    _post(gateway, "/v1/chat/completions")  # the pool now holds an idle connection
-    before = upstream.connections
-    status, body, _ = _post(gateway, "/v1/closes-idle", key=key)
-    assert (status, body) == (200, BODY)
-    assert upstream.connections == before + 1
-
-
-def test_a_new_connection_closed_without_an_answer_is_not_tried_again(
-    gateway: Process, upstream: RawUpstream
-) -> None:
-    _post(gateway, "/v1/chat/completions")
-    before = upstream.connections
-    with pytest.raises(urllib.error.HTTPError) as failed:
-        _post(gateway, "/v1/closes-always", key="closes-always")
-    failed.value.close()
-    assert failed.value.code == 502
-    assert upstream.connections == before + 1  # the reused one, then one new: no more
 
 
 def test_head_has_no_body_and_the_next_request_is_whole(gateway: Process) -> None:

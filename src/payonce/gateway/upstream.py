@@ -7,11 +7,9 @@ received (no decompression) so a replay is byte-for-byte the original.
 
 Retries happen only when the request provably never left (docs/gateway.md, Gateway
 retries): a refused connection, a DNS failure, a failed TLS handshake or a
-connect timeout (:class:`ConnectFailed`), and once when a reused keep-alive
-connection ended before any answer came back (the server had closed it as
-idle). Anything else after the request was written is ambiguous, since the
-provider may be generating (and billing) already, so it is reported, never
-retried here.
+connect timeout (:class:`ConnectFailed`). Anything after the request was
+written is ambiguous, since the provider may be generating (and billing)
+already, so it is reported, never retried here.
 """
 
 from __future__ import annotations
@@ -197,14 +195,6 @@ class Upstream:
                 await asyncio.sleep(random.uniform(0, self._backoff * 2**attempt))
                 attempt += 1
 
-    async def _connect_new(self, pool: Pool) -> Connection:
-        try:
-            return await pool.acquire(new=True)
-        except ConnectFailed as exc:
-            raise UpstreamUnavailable(
-                f"cannot connect to the upstream {self._origin}: {exc}"
-            ) from exc
-
 
 class Exchange:
     """One request to the upstream, as an async context manager.
@@ -232,27 +222,15 @@ class Exchange:
     async def __aenter__(self) -> OpenResponse:
         upstream = self._upstream
         connection, attempts = await upstream._connect(self._pool, self._on_attempt)
-        while True:
-            try:
-                connection.send(self._head, self._body, self._head_only)
-                await connection.read_head(upstream._read_timeout)
-                break
-            except TimeoutError as exc:
-                _discard(connection)
-                raise _translate(exc) from exc
-            except ConnectionError as exc:
-                _discard(connection)
-                if not connection.reused or connection.answered:
-                    raise _translate(exc) from exc
-            except BaseException:  # cancelled while waiting for the head
-                _discard(connection)
-                raise
-            # The upstream closed a connection it had kept idle as this request went
-            # out, and answered nothing (upstream_http.py): once more, on a new one.
-            attempts += 1
-            if self._on_attempt is not None:
-                self._on_attempt(attempts)
-            connection = await upstream._connect_new(self._pool)
+        try:
+            connection.send(self._head, self._body, self._head_only)
+            await connection.read_head(upstream._read_timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            _discard(connection)
+            raise _translate(exc) from exc
+        except BaseException:  # cancelled while waiting for the head
+            _discard(connection)
+            raise
         self._connection = connection
         return OpenResponse(connection, upstream._read_timeout, attempts=attempts)
 

@@ -13,16 +13,9 @@ What it keeps of aiohttp's behaviour, which the gateway relies on:
 
 * a connect failure (refused, DNS, TLS handshake, ``connect_timeout``) raises
   :class:`ConnectFailed`: the request provably never left, so it may be retried;
-* a request written on a reused connection that ends before a byte of an answer
-  comes back is written once more, on a new connection: the server closed it as
-  idle just as the request went out (the keep-alive race of RFC 9112 section
-  9.3.1; Go's ``net/http`` does the same for requests it may repeat). A server
-  that read a request and hung up without answering it ran no generation it
-  could bill: billing follows a finished answer, and its first byte would have
-  come back. A new connection that ends so is not tried again;
-* otherwise, after the request was written, a lost connection or a response that is not
+* after the request was written, a lost connection or a response that is not
   HTTP/1.1 raises ``ConnectionError`` and a gap of ``read_timeout`` between two
-  reads ``TimeoutError``: ambiguous, never retried here (docs/gateway.md);
+  reads ``TimeoutError``: ambiguous, never retried here (docs/gateway.md, "Gateway retries");
 * bodies are relayed as received (no decompression), chunked bodies de-chunked,
   a body without a length read to the connection's end; a HEAD response has no
   body; 1xx responses are skipped;
@@ -68,8 +61,6 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.busy = False  # a request was written and its connection not yet released
-        self.reused = False  # it carried a request before this one
-        self.answered = False  # a byte came back since the last request was written
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
@@ -93,7 +84,6 @@ class Connection(asyncio.Protocol):
         """Write one request (``head`` ends with the blank line); its response is parsed next."""
         self._begin(head_only)
         self.busy = True
-        self.answered = False
         assert self.transport is not None
         if body:
             self.transport.writelines((head, body))
@@ -177,7 +167,6 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.answered = True
         if not self.busy:  # bytes that answer no request: nothing can follow them
             self.lost = True
             self.close()
@@ -269,16 +258,12 @@ class Pool:
         self._idle: collections.deque[Connection] = collections.deque()
         self.loop = asyncio.get_running_loop()
 
-    async def acquire(self, *, new: bool = False) -> Connection:
-        """An idle connection, or a new one (:class:`ConnectFailed` if none can be made).
-
-        ``new``: never an idle one (the request is going again after an idle one failed).
-        """
+    async def acquire(self) -> Connection:
+        """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
         idle = self._idle
-        while idle and not new:
+        while idle:
             connection = idle.pop()
             if not connection.lost:
-                connection.reused = True
                 return connection
         try:
             async with asyncio.timeout(self._connect_timeout):
