@@ -428,7 +428,9 @@ class Script:
         gauges sum to the known values (checked on the gateways themselves first).
         """
         key = self.key("hold")
-        delay = {"X-Sim-Delay-Ms": str(int((HOLD_SECONDS + 1.5) * 1000))}
+        # Longer than everything before the hold ends, at its slowest: the wait for
+        # the gauges (up to 4 s on a busy machine) and the hold itself.
+        delay = {"X-Sim-Delay-Ms": str(int((HOLD_SECONDS + 4 + 1.5) * 1000))}
         payload = body(DEAR, "a slow answer everybody waits for")
         expected = (len(joiners) + 2, 1)
         with concurrent.futures.ThreadPoolExecutor(len(joiners) + 2) as pool:
