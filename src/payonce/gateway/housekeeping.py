@@ -64,10 +64,18 @@ async def _flush_replay_counts(
     # and expired replays out of memory (no request may ever ask for them).
     while True:
         await asyncio.sleep(REPLAY_FLUSH_SECONDS)
+        # Each step on its own: one that fails (a full disk under the call log)
+        # must not end the others, nor this loop, for the gateway's lifetime.
         if call_log is not None:
-            call_log.flush()
+            try:
+                call_log.flush()  # keeps what it could not write (observe/calllog.py)
+            except Exception:
+                log.exception("call log flush failed")
         replays.evict_expired()
-        await counts.flush(store)
+        try:
+            await counts.flush(store)
+        except Exception:
+            log.exception("writing replay counts to the store failed")
 
 
 async def _purge_expired(store: Store, every: float) -> None:

@@ -115,10 +115,20 @@ class Connection(asyncio.Protocol):
         return self.take_body()
 
     async def read_all(self, timeout: float) -> bytes:
-        """The rest of the body."""
+        """The rest of the body, taken as it comes.
+
+        Taken, not left to wait for the end: past ``_HIGH_WATER`` untaken bytes
+        the connection stops reading, and a body larger than that would never
+        end (both sides waiting until the read timeout, the retry billed again).
+        ``timeout`` is still the longest gap between two reads.
+        """
+        parts: list[bytes] = []
         while not self.complete:
+            if self._buffered > _HIGH_WATER:
+                parts.append(self.take_body())  # and reading resumes
             await self._wait(timeout)
-        return self.take_body()
+        parts.append(self.take_body())
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @property
     def reusable(self) -> bool:

@@ -41,6 +41,10 @@ __all__ = [
 
 log = logging.getLogger("payonce.gateway")
 
+# Lines kept in memory while the call log cannot be written (a full disk): past
+# this, the oldest are dropped, counted and said, rather than the gateway's memory.
+_MAX_HELD = 64 * 1024 * 1024
+
 SCHEMA_VERSION = 2
 
 
@@ -173,12 +177,15 @@ class CallLog:
         # One growing buffer rather than a list of lines: each line's bytes object
         # is freed at once (and its memory reused by the next), nothing to join.
         self._pending = bytearray()
+        self._written = 0  # bytes of the flush in progress written
+        self._failing = False  # the last flush could not write
+        self.dropped = 0  # lines dropped while the file could not be written
         self._file: IO[bytes] | None = None
         if not self._stdout:
             if not self._path.parent.is_dir():
                 raise ConfigError(f"--call-log: directory {self._path.parent} does not exist")
             try:
-                self._file = self._path.open("ab")
+                self._file = self._path.open("ab", buffering=0)
             except OSError as exc:
                 raise ConfigError(f"--call-log: cannot open {target}: {exc.strerror}") from exc
 
@@ -193,22 +200,62 @@ class CallLog:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
             return
+        self._written = 0
+        try:
+            if self._file is None or self._file.closed:  # a rotation that could not reopen it
+                self._file = self._path.open("ab", buffering=0)
+            self._write_rotating(data)
+        except OSError as exc:
+            # A full disk, a lost mount: keep what was not written for the next
+            # flush, so the log goes on when the disk does (bounded, see _hold).
+            self._hold(data, exc)
+            return
+        if self._failing:
+            log.warning("call log: writing to %s again", self._path)
+            self._failing = False
+
+    def _write_rotating(self, data: bytearray) -> None:
         assert self._file is not None
         # Rotation falls between lines: a file holds the whole lines that fit.
         view, start, end = memoryview(data), 0, len(data)
         while end - start > self._max_bytes - (size := self._file.tell()):
             fits = data.rfind(b"\n", start, start + max(self._max_bytes - size, 0)) + 1
             if fits:
-                self._file.write(view[start:fits])
+                self._write_all(view[start:fits])
                 start = fits
             elif size == 0:  # a line longer than the limit: alone in its file
                 fits = data.find(b"\n", start) + 1 or end
-                self._file.write(view[start:fits])
+                self._write_all(view[start:fits])
                 start = fits
                 continue
             self._rotate()
-        self._file.write(view[start:end])
+        self._write_all(view[start:end])
         self._file.flush()
+
+    def _write_all(self, view: memoryview) -> None:
+        # Counted as it goes (the file is unbuffered): a write that fails part way
+        # leaves the rest of ``data`` to hold, nothing written twice.
+        assert self._file is not None
+        while view:
+            done = self._file.write(view) or 0
+            self._written += done
+            view = view[done:]
+
+    def _hold(self, data: bytearray, exc: OSError) -> None:
+        rest = data[self._written :]
+        rest += self._pending
+        if len(rest) > _MAX_HELD:  # the oldest whole lines go: counted, and said
+            cut = rest.find(b"\n", len(rest) - _MAX_HELD) + 1
+            self.dropped += rest.count(b"\n", 0, cut)
+            del rest[:cut]
+        self._pending = rest
+        if not self._failing:
+            log.error(
+                "call log: cannot write to %s (%s); lines are kept in memory up to %d MiB"
+                " until it can",
+                self._path, exc.strerror or exc, _MAX_HELD >> 20,
+            )  # fmt: skip
+            self._failing = True
 
     def _rotate(self) -> None:
         # PATH.(n-1) -> PATH.n, ..., PATH -> PATH.1; the oldest is overwritten.
@@ -223,7 +270,7 @@ class CallLog:
             self._path.replace(self._path.with_name(f"{name}.1"))
         else:
             self._path.unlink(missing_ok=True)
-        self._file = self._path.open("ab")
+        self._file = self._path.open("ab", buffering=0)
 
     def close(self) -> None:
         self.flush()
