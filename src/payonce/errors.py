@@ -238,7 +238,7 @@ class ShuttingDown(ProblemError, ConnectionError):
 
 
 class StoreUnavailable(ProblemError, ConnectionError):
-    # DESIGN.md: with a key and no store, answer 503; never run unprotected.
+    # docs/gateway.md, "Failure modes": with a key and no store, answer 503; never run unprotected.
     status, slug, title, should_retry = (
         503,
         "store-unavailable",

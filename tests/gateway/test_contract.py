@@ -1,4 +1,4 @@
-"""Every row of the outcome table in DESIGN.md, against a real gateway and simulator."""
+"""Every row of the outcome table in docs/gateway.md ("The contract"), against a real gateway and simulator."""
 
 from __future__ import annotations
 

@@ -15,9 +15,10 @@ differ between them::
                                                    no ──► RETURN / RAISE the last error
 
 A CHECK asks a payonce gateway about the key before anything is sent again
-(DESIGN.md, lesson 5). It needs no attempt and no budget: it sends nothing that
-could run. Its result decides what the failed attempt becomes. While the answer
-is "running" it asks again, after a jittered pause (:meth:`Call.check_pause`).
+(docs/client.md, "What each failure proves"). It needs no attempt and no
+budget: it sends nothing that could run. Its result decides what the failed
+attempt becomes. While the answer is "running" it asks again, after a jittered
+pause (:meth:`Call.check_pause`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The retry policy: an immutable value, checked when it is built.
 
-The defaults follow the article this project started from (DESIGN.md, lesson 6):
+The defaults follow the incident this project started from (docs/client.md, "The policy"):
 a short connect timeout, a long read timeout, three attempts, one overall
 deadline of two minutes, exponential backoff with full jitter, and a retry
 budget so that retries cannot multiply the load of an overloaded upstream.

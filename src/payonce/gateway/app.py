@@ -1,6 +1,6 @@
 """The gateway as a pure ASGI application: routing, pass-through and the keyed state machine.
 
-Keyed request, in order (DESIGN.md, Outcomes)::
+Keyed request, in order (docs/gateway.md, "The contract")::
 
     parse key ─ bad ──────────────────────────────────────────► 400
     no credential and --require-credential ───────────────────► 401

@@ -2,7 +2,7 @@
 
 The run is a task of its own, detached from the client's request: when the
 client disconnects or times out, the upstream call goes on and its result is
-stored for the retry (DESIGN.md, Disconnects). Duplicates arriving at this
+stored for the retry (docs/gateway.md, "The contract"). Duplicates arriving at this
 process await its ``head``: the whole response, or, for a stream, the
 :class:`LiveStream` they all follow. One loop renews the leases of every run in
 progress (:func:`renew_leases`).

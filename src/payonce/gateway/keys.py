@@ -292,7 +292,7 @@ def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None)
     """sha256 over method, path and body; JSON bodies are canonicalised first.
 
     Canonical JSON sorts object keys and drops insignificant whitespace, so key
-    order does not matter while array order does (DESIGN.md, Fingerprint).
+    order does not matter while array order does (docs/gateway.md, "The contract").
     """
     canonical = body
     if body and is_json(content_type):

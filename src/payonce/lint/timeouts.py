@@ -1,6 +1,6 @@
 """Reading timeout values: one number, ``httpx.Timeout(...)``, a ``(connect, read)`` tuple.
 
-DESIGN.md lesson 6: connect timeout short (3-5 s), read timeout long (30-60 s).
+docs/client.md, "The policy": connect timeout short (3-5 s), read timeout long (30-60 s).
 A read timeout shorter than a generation gives up on a call the provider
 finishes and bills; one number for both makes the connect timeout as long as
 the read timeout or the read timeout as short as the connect timeout.

@@ -30,10 +30,10 @@ the provider sent it, on one line: a JSON text holds no raw line break inside a
 string, so deleting the line breaks of a pretty-printed page changes no value and
 no token. The file appears only once every page is in (``.partial`` until then).
 
-**Retries** (DESIGN.md, lesson 5): 408, 429, 5xx and connection failures are tried
-again, at most ``FetchRetry.attempts`` times per page and never past
-``FetchRetry.deadline`` seconds after the page's first try; the wait before retry
-*n* is full jitter raised to what the provider asked for::
+**Retries** (docs/client.md, "What each failure proves"): 408, 429, 5xx and
+connection failures are tried again, at most ``FetchRetry.attempts`` times per
+page and never past ``FetchRetry.deadline`` seconds after the page's first try;
+the wait before retry *n* is full jitter raised to what the provider asked for::
 
     wait(n) = max(retry_after, uniform(0, min(backoff_max, backoff_initial * 2 ** (n - 1))))
 

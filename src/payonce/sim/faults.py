@@ -9,7 +9,7 @@ Two kinds, mirroring what a real provider does to a retrying client:
   is billed, then the connection closes without a response (a stream: without its
   terminating event, ``[DONE]`` or ``message_stop``). The client sees a disconnect
   and cannot tell whether it was billed; this is the case an idempotency key exists
-  for (DESIGN.md, lessons 1 and 2).
+  for (docs/sim.md, billing ledger).
 
 And one for streams only:
 

@@ -1,7 +1,7 @@
 """The billing ledger: what the simulated provider would invoice.
 
 A provider bills a generation when it finishes, whether or not the client is still
-there to receive it (DESIGN.md, lesson 2). So does this ledger: the request handler
+there to receive it (docs/sim.md, billing ledger). So does this ledger: the request handler
 calls :meth:`Ledger.bill` right after the simulated generation, before it tries to
 answer (a stream: after its last token, before its terminating event), and records
 whether the client was still connected at that moment.

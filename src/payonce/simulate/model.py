@@ -97,7 +97,7 @@ class _Run:
 
     def _provider(self, requests: Ints, arrive: Floats, give_up: Floats) -> tuple[Floats, Bools]:
         # Every generation started runs to its end and is billed, whoever still waits
-        # (DESIGN.md, lesson 2); a fault is refused before any work and not billed.
+        # (docs/sim.md, billing ledger); a fault is refused before any work and not billed.
         ok = np.ones(requests.size, dtype=np.bool_)
         if self.stack.failure_rate > 0:
             ok = self.rng.random(requests.size) >= self.stack.failure_rate
@@ -144,7 +144,7 @@ class _Run:
             recorded = self.record_answer[requests]
             recorded_ok = self.record_ok[requests]
             exists = ~np.isnan(recorded)
-            # 408/409/429/5xx release the key when they come back (DESIGN.md, Outcomes):
+            # 408/409/429/5xx release the key when they come back (docs/gateway.md, "The contract"):
             # an arrival after that claims it again; one before gets that answer too.
             released = exists & ~recorded_ok & (arrive >= recorded)
             joins = exists & ~released
