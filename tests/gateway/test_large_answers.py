@@ -17,40 +17,21 @@ from __future__ import annotations
 import json
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.processes import Process, start_payonce
+from tests.gateway.conftest import GatewayFactory, Sim
+from tests.support.processes import Process
 
 openai = pytest.importorskip("openai")
 
 AUTH = {"Authorization": "Bearer sk-large", "Content-Type": "application/json"}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, Process]]:
-    folder: Path = tmp_path_factory.mktemp("large-answers")
-    sim = start_payonce(["sim", "--latency", "fixed:0"], log_dir=folder, ready_path="/_sim/health")
-    try:
-        args = [
-            "serve", "--upstream", sim.url, "--store", f"sqlite:///{folder}/payonce.db",
-            "--upstream-timeout", "5s", "--no-otel",
-        ]  # fmt: skip
-        gateway = start_payonce(args, log_dir=folder, ready_path="/_payonce/health")
-        try:
-            yield sim, gateway
-        finally:
-            gateway.stop()
-    finally:
-        sim.stop()
-
-
-def _billed(sim: Process) -> int:
-    with urllib.request.urlopen(sim.url + "/_sim/ledger", timeout=30) as response:
-        return int(json.load(response)["billed"])
+@pytest.fixture
+def stack(fresh_sim: Sim, start_gateway: GatewayFactory) -> tuple[Sim, Process]:
+    return fresh_sim, start_gateway("--upstream-timeout", "5s", "--no-otel")
 
 
 def _embeddings(url: str, body: dict[str, Any], key: str | None) -> tuple[int, bytes, str]:
@@ -65,12 +46,11 @@ def _embeddings(url: str, body: dict[str, Any], key: str | None) -> tuple[int, b
 
 
 @pytest.mark.parametrize("key", [None, "keyed"])
-def test_an_answer_of_700_kb_arrives_whole(stack: tuple[Process, Process], key: str | None) -> None:
+def test_an_answer_of_700_kb_arrives_whole(stack: tuple[Sim, Process], key: str | None) -> None:
     sim, gateway = stack
     body = {"model": "text-embedding-3-large", "input": [f"text {n}" for n in range(20)]}
     direct = _embeddings(sim.url, body, None)[1]
     assert len(direct) > 600_000
-    before = _billed(sim)
     key = None if key is None else f"large-{uuid.uuid4()}"
     status, answer, replayed = _embeddings(gateway.url, body, key)
     assert status == 200 and replayed != "true"
@@ -78,14 +58,13 @@ def test_an_answer_of_700_kb_arrives_whole(stack: tuple[Process, Process], key: 
     if key is not None:
         status, again, replayed = _embeddings(gateway.url, body, key)
         assert (status, replayed, again) == (200, "true", answer)
-    assert _billed(sim) == before + 1
+    assert sim.billed() == 2  # the direct call, and one through the gateway
 
 
 def test_the_openai_sdk_gets_1_mb_of_embeddings_billed_once(
-    stack: tuple[Process, Process],
+    stack: tuple[Sim, Process],
 ) -> None:
     sim, gateway = stack
-    before = _billed(sim)
     with openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-large", max_retries=2) as client:
         key = f"sdk-{uuid.uuid4()}"
         inputs = [f"input {n}" for n in range(64)]
@@ -103,4 +82,4 @@ def test_the_openai_sdk_gets_1_mb_of_embeddings_billed_once(
             extra_headers={"Idempotency-Key": key},
         )
         assert again.headers["idempotent-replayed"] == "true"
-    assert _billed(sim) == before + 1
+    assert sim.billed() == 1

@@ -211,7 +211,10 @@ class CallLog:
             self._hold(data, exc)
             return
         if self._failing:
-            log.warning("call log: writing to %s again", self._path)
+            log.warning(
+                "call log: writing to %s again (%d lines dropped meanwhile)",
+                self._path, self.dropped,
+            )  # fmt: skip
             self._failing = False
 
     def _write_rotating(self, data: bytearray) -> None:
@@ -229,8 +232,7 @@ class CallLog:
                 start = fits
                 continue
             self._rotate()
-        self._write_all(view[start:end])
-        self._file.flush()
+        self._write_all(view[start:end])  # unbuffered: nothing left to flush
 
     def _write_all(self, view: memoryview) -> None:
         # Counted as it goes (the file is unbuffered): a write that fails part way

@@ -190,19 +190,12 @@ class Checkpointer:
                 os.close(self._lock)
 
 
-def _wal_salt(path: str) -> int | None:
+def _wal_salt(fd: int) -> int | None:
     """Salt-1 of the WAL's header, which SQLite adds one to each time the WAL starts over.
 
-    None when there is no WAL to read (https://www.sqlite.org/fileformat2.html#walformat).
+    None when the header is not there yet (https://www.sqlite.org/fileformat2.html#walformat).
     """
-    try:
-        fd = os.open(path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        header = os.pread(fd, 4, 16)
-    finally:
-        os.close(fd)
+    header = os.pread(fd, 4, 16)
     return int.from_bytes(header, "big") if len(header) == 4 else None
 
 
@@ -247,7 +240,10 @@ class _Cycle:
         # Waits out a commit in progress in a forced round.
         self._gate = self._connect(path, timeout=_GATE_TIMEOUT)
         self._seen: int | None = None  # data_version at the last round
-        self._salt = _wal_salt(path)  # the WAL header's salt-1 when last read
+        # Opened once, read each round: the pins keep the WAL file in place.
+        self._wal: int | None = None
+        self._salt: int | None = None  # the WAL header's salt-1 when last read
+        self._count_restarts()
 
     @staticmethod
     def _connect(path: str, timeout: float = _BUSY_TIMEOUT) -> sqlite3.Connection:
@@ -264,6 +260,8 @@ class _Cycle:
 
     def close(self) -> None:
         self._count_restarts()
+        if self._wal is not None:
+            os.close(self._wal)
         self._release_pin()
         for conn in (*self._pins, self._writer, self._gate):
             conn.close()
@@ -302,7 +300,12 @@ class _Cycle:
         any writer (another process's too) may be the first to find it all copied
         and start it over. Each restart is a sync of the header, wherever it is.
         """
-        salt = _wal_salt(self._path)
+        try:
+            if self._wal is None:
+                self._wal = os.open(self._path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+            salt = _wal_salt(self._wal)
+        except OSError:  # no WAL yet
+            return
         if salt is not None and self._salt is not None:
             self.stats.restarts += (salt - self._salt) % 2**32
         self._salt = salt if salt is not None else self._salt
