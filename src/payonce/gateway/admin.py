@@ -23,14 +23,22 @@ from payonce.errors import (
     InvalidIdempotencyKey,
     MethodNotAllowed,
     NotFound,
+    ProblemError,
     RequestInProgress,
     StoreUnavailable,
     Unauthorized,
 )
-from payonce.gateway.asgi import Receive, Scope, Send, send_json, send_response
+from payonce.gateway.asgi import (
+    Receive,
+    Scope,
+    Send,
+    client_left,
+    send_json,
+    send_response,
+)
 from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
 from payonce.gateway.live import LiveStream
-from payonce.gateway.observing import stored_request_id
+from payonce.gateway.observing import outcome_of, stored_facts, stored_request_id
 from payonce.gateway.openapi import MAX_WAIT, openapi_json
 from payonce.gateway.relay import relay_stored, send_whole
 from payonce.observe.metrics import CONTENT_TYPE_LATEST
@@ -216,12 +224,47 @@ async def _response(gateway: Gateway, scope: Scope, receive: Receive, send: Send
             f"the request with Idempotency-Key {key!r} has no response yet",
             retry_after=1,
         )
-    if record.streaming:
-        await relay_stored(
-            send, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
-        )
-    else:
-        await send_whole(send, record.response, REPLAYED)
+    await _deliver(gateway, scope, receive, send, record)
+
+
+async def _deliver(
+    gateway: Gateway, scope: Scope, receive: Receive, send: Send, record: Record
+) -> None:
+    """Send a stored answer, and log and count it as the answer its client received.
+
+    A client whose attempt timed out fetches the answer here instead of re-sending
+    (payonce.client does): the call log, the metrics and ``payonce reconcile`` must
+    see that its business request was answered, or they count it as failed
+    (docs/call-log.md, "Fetched answers"). Lookups that deliver nothing (404, 409,
+    410) are questions, like the status endpoint's, and are not logged.
+    """
+    response = record.response
+    assert response is not None  # checked by the caller
+    observer = gateway.observer
+    call = observer.start(scope["method"], scope["path"], record.tenant, scope["headers"])
+    call.key, call.outcome = record.key, "replayed"
+    facts = stored_facts(record)
+    if facts.request_id is None and record.streaming:
+        facts.request_id = await stored_request_id(gateway.store, record)
+    observer.apply(call, facts, saved=True)
+    gateway.replay_counts.add(record.tenant, record.key)
+    observed = observer.wrap_send(send, call)
+    try:
+        if record.streaming:
+            await relay_stored(
+                observed, receive, gateway.store, record, REPLAYED, after=0, clock=gateway.clock
+            )
+        else:
+            await send_whole(observed, response, REPLAYED)
+    except ProblemError as exc:
+        call.outcome = outcome_of(exc)
+        if not call.response_started:
+            call.status = exc.status
+        raise
+    finally:
+        if client_left(receive):
+            call.status, call.client_disconnected = 499, True
+        observer.finish(call)
 
 
 # Every endpoint under /_payonce/, by its path template: the dispatch table, and

@@ -71,7 +71,7 @@ from payonce.gateway.observing import (
     UpstreamFacts,
     model_of,
     outcome_of,
-    provider_request_id,
+    stored_facts,
     stored_request_id,
 )
 from payonce.gateway.passthrough import PassThrough
@@ -84,7 +84,6 @@ from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import open_tracing
-from payonce.observe.usage import model_usage_and_id
 from payonce.store import ClaimStatus, Record, Store, StoredResponse
 
 __all__ = ["Gateway"]
@@ -101,20 +100,6 @@ async def _send_replay(send: Send, replay: CachedReplay) -> None:
     start, body = replay.messages
     await send(start)
     await send(body)
-
-
-def _facts_of(record: Record) -> UpstreamFacts:
-    """What the call behind a stored record cost, for the call log of its replays."""
-    response = record.response
-    facts = UpstreamFacts(usage=record.usage, cost_usd=record.cost_usd)
-    if response is not None:
-        facts.status = response.status
-        facts.request_id = provider_request_id(response.headers)
-        facts.stream = response.stream
-        if not response.stream:
-            facts.model, _, body_id = model_usage_and_id(response.body, response.headers)
-            facts.request_id = facts.request_id or body_id
-    return facts
 
 
 def _mismatch(key: str) -> FingerprintMismatch:
@@ -417,7 +402,7 @@ class Gateway:
             stored = claim.record
             if claim.status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
-            facts = _facts_of(stored)
+            facts = stored_facts(stored)
             if stored.streaming:
                 # Completed, or being recorded by another process: its events.
                 self.replay_counts.add(tenant, key)

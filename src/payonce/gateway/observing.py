@@ -40,6 +40,7 @@ __all__ = [
     "model_of",
     "outcome_of",
     "provider_request_id",
+    "stored_facts",
     "stored_request_id",
 ]
 
@@ -72,6 +73,20 @@ def provider_request_id(headers: tuple[tuple[str, str], ...]) -> str | None:
         if found is None and lowered in ("x-request-id", "request-id", "x-amzn-requestid"):
             found = value
     return found
+
+
+def stored_facts(record: Record) -> UpstreamFacts:
+    """What the call behind a stored record cost, for the call log of its replays."""
+    response = record.response
+    facts = UpstreamFacts(usage=record.usage, cost_usd=record.cost_usd)
+    if response is not None:
+        facts.status = response.status
+        facts.request_id = provider_request_id(response.headers)
+        facts.stream = response.stream
+        if not response.stream:
+            facts.model, _, body_id = model_usage_and_id(response.body, response.headers)
+            facts.request_id = facts.request_id or body_id
+    return facts
 
 
 async def stored_request_id(store: Store, record: Record) -> str | None:

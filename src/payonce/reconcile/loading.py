@@ -472,10 +472,17 @@ def _normalize(
     def plain(name: str) -> str:
         return values.get(name) or "NULL"
 
+    # The gateway's own paths (an answer fetched from /_payonce/requests/{key}/response
+    # after a timed-out attempt) name no provider endpoint: the business request's
+    # endpoint comes from its other calls.
+    endpoint = (
+        f"CASE WHEN NOT starts_with({text('endpoint')}, '/_payonce/') THEN {text('endpoint')} END"
+    )
     columns = [f"{source.index} AS src", "__pos AS pos", f"{reason} AS reason"]
-    columns += [f"{text(name)} AS {name}" for name in ("provider_request_id", "model", "endpoint")]
+    columns += [f"{text(name)} AS {name}" for name in ("provider_request_id", "model")]
+    columns.append(f"{endpoint} AS endpoint")
     columns.append(f"{plain('ts')} AS ts")
-    columns += [f"h({text('model')}) AS m", f"h({text('endpoint')}) AS e"]
+    columns += [f"h({text('model')}) AS m", f"h({endpoint}) AS e"]
     if source.side is Side.BILL:
         columns += [
             f"{plain(name)} AS {name}" for name in ("cost_usd", "input_tokens", "output_tokens")
