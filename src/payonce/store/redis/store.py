@@ -24,7 +24,8 @@ and the store works again as soon as it is back, without a restart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
@@ -120,6 +121,7 @@ class RedisStore:
         self._clock = clock or SystemClock()
         self._prefix = config.prefix
         self._poll_interval = poll_interval
+        self._timeout = config.timeout
         self._margin_ms = int(expiry_margin * 1000)
         # One immediate retry, on a new connection, for connection errors only:
         # it hides pooled connections that a server restart broke, and adds no
@@ -154,11 +156,26 @@ class RedisStore:
         # (reset mid-command): learn the layout first, once, alone.
         async with self._initializing:
             if not self._initialized:
-                try:
+                async with self._guarded():
                     await self._client.initialize()
-                except _FAILURES as exc:
-                    raise _translate(exc) from exc
                 self._initialized = True
+
+    @contextlib.asynccontextmanager
+    async def _guarded(self) -> AsyncIterator[None]:
+        """Fail within ``timeout`` as one of the store's errors, whatever Redis raised.
+
+        ``socket_timeout`` bounds one read, not an operation: redis-py's cluster
+        client retries a command (and a pipeline) that timed out on a node, so a
+        frozen node took twice ``timeout`` to fail (issue 29). A standalone server's
+        client does not retry timeouts, and this bound changes nothing there.
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                yield
+        except TimeoutError as exc:  # the bound above (or a connect that timed out)
+            raise StoreTimeout(f"Redis store did not answer within {self._timeout:g} s") from exc
+        except _FAILURES as exc:
+            raise _translate(exc) from exc
 
     def keys(self, tenant: str, key: str) -> RecordKeys:
         """The Redis names of a record (for operators and tests)."""
@@ -171,7 +188,7 @@ class RedisStore:
         names = (keys.record, keys.events)
         if not self._initialized:
             await self._initialize()
-        try:
+        async with self._guarded():
             if self._batch is None:
                 try:
                     return await self._client.evalsha(script.sha, 2, *names, *args)
@@ -180,8 +197,6 @@ class RedisStore:
             evalsha = ("EVALSHA", script.sha, 2, *names, *args)
             run = self._batch.execute_later if deferred else self._batch.execute
             return await run(*evalsha, noscript=("EVAL", script.source, *evalsha[2:]))
-        except _FAILURES as exc:
-            raise _translate(exc) from exc
 
     async def claim(
         self, tenant: str, key: str, fingerprint: str, *, lease: float, ttl: float
@@ -301,7 +316,7 @@ class RedisStore:
         script = scripts.ADD_REPLAYS
         if not self._initialized:
             await self._initialize()
-        try:
+        async with self._guarded():
             # One pipeline, one round trip (per shard on a cluster).
             pipe = self._client.pipeline(transaction=False)
             for keys, count in calls:
@@ -314,13 +329,11 @@ class RedisStore:
                     await self._client.eval(script.source, 2, keys.record, keys.events, now, count)
                 elif isinstance(result, Exception):
                     raise result
-        except _FAILURES as exc:
-            raise _translate(exc) from exc
 
     async def get(self, tenant: str, key: str) -> Record | None:
         if not self._initialized:
             await self._initialize()
-        try:
+        async with self._guarded():
             # bytes -> bytes, as the client does not decode responses
             name = self.keys(tenant, key).record
             if self._batch is None:
@@ -328,8 +341,6 @@ class RedisStore:
             else:
                 found = await self._batch.execute("HGETALL", name)
             fields = cast("dict[bytes, bytes]", found)
-        except _FAILURES as exc:
-            raise _translate(exc) from exc
         if not fields or float(fields[b"expires_at"]) <= self._clock.now():
             return None
         return _record(tenant, key, fields, self._codec)
@@ -377,10 +388,12 @@ class RedisStore:
     async def ping(self) -> None:
         if not self._initialized:
             await self._initialize()
-        try:
-            await self._client.ping()
-        except _FAILURES as exc:
-            raise _translate(exc) from exc
+        async with self._guarded():
+            if isinstance(self._client, RedisCluster):
+                # Every primary: one that does not answer holds a share of the keys.
+                await self._client.ping(target_nodes=RedisCluster.PRIMARIES)
+            else:
+                await self._client.ping()
 
     async def close(self) -> None:
         if self._batch is not None:
