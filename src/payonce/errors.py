@@ -23,6 +23,7 @@
     │   │   ├── TooManyInFlight                 --max-inflight-per-tenant
     │   │   └── TooManyNewKeys                  --max-new-keys-per-tenant
     │   ├── FingerprintMismatch (ValueError)    422, never retry
+    │   ├── StreamNotResumable (LookupError)    412: Last-Event-ID names a run that is gone
     │   ├── UpstreamUnavailable (ConnectionError) 502: retry with the same key
     │   ├── UpstreamTimeout (TimeoutError)      504: retry with the same key
     │   ├── ShuttingDown (ConnectionError)      503: stopping; a keyed run goes on, retry
@@ -60,6 +61,7 @@ __all__ = [
     "ShuttingDown",
     "StoreTimeout",
     "StoreUnavailable",
+    "StreamNotResumable",
     "TenantLimited",
     "TooManyInFlight",
     "TooManyNewKeys",
@@ -216,6 +218,22 @@ class FingerprintMismatch(ProblemError, ValueError):
         422,
         "fingerprint-mismatch",
         "Idempotency-Key reused with a different request",
+        False,
+    )
+
+
+class StreamNotResumable(ProblemError, LookupError):
+    # A Last-Event-ID resume of a stream whose run is gone (its upstream died, its
+    # gateway stopped, another run replaced it) or that names no run (a plain
+    # number): the continuation of those events cannot be sent, and the events of
+    # another run after them would splice two answers. RFC 9110 section 15.5.13:
+    # 412, a precondition of the request (the run it continues) does not hold.
+    # Retrying the same resume cannot help; starting over (without Last-Event-ID)
+    # is the client's decision, since it may run and bill the request again.
+    status, slug, title, should_retry = (
+        412,
+        "stream-not-resumable",
+        "This stream cannot be resumed",
         False,
     )
 

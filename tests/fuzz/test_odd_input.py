@@ -18,7 +18,7 @@ import httpx2 as httpx
 import pytest
 
 from payonce.errors import ConfigError
-from payonce.gateway.sse import EventSplitter, numbered
+from payonce.gateway.sse import EventSplitter, relayed
 from payonce.reconcile.run import reconcile
 from tests.fuzz.wire import exchange, request
 from tests.reconcile.data import BILL, TOTALS, payonce_calls
@@ -30,6 +30,7 @@ Check = Callable[[Process, Sim], None]
 ROWS: dict[str, Check] = {}
 _keys = itertools.count()
 AUTH = b"Bearer sk-odd-input"
+RUN = b"3fa94c1e"  # a run's tag in event ids (payonce.gateway.sse.run_tag)
 
 
 def row(label: str) -> Callable[[Check], Check]:
@@ -318,10 +319,23 @@ def _(gateway: Process, sim: Sim) -> None:
         assert again[0] == 400 and again[1][b"idempotent-replayed"] == b"true", "stored"
 
 
-@row("`Last-Event-ID` that is not a number")
+@row("`Last-Event-ID` that is no id this gateway sends (`seven`, `-1`)")
 def _(gateway: Process, sim: Sim) -> None:
-    answer = send(gateway, fresh_key(), chat_with(b"1"), extra=[(b"Last-Event-ID", b"seven")])
-    assert problem_type(answer) == (400, "invalid-key")
+    for value in (b"seven", b"-1", b"5-xyz", b"5-3fa94c1e-1"):
+        answer = send(gateway, fresh_key(), chat_with(b"1"), extra=[(b"Last-Event-ID", value)])
+        assert problem_type(answer) == (400, "invalid-key"), value
+
+
+@row("`Last-Event-ID` that is a plain number (`5`: an earlier version's id)")
+def _(gateway: Process, sim: Sim) -> None:
+    key = fresh_key()
+    assert send(gateway, key, chat_with(b"1"))[0] == 200
+    for target in (key, fresh_key()):
+        answer = send(gateway, target, chat_with(b"1"), extra=[(b"Last-Event-ID", b"5")])
+        assert problem_type(answer) == (412, "stream-not-resumable")
+        assert answer[1][b"x-should-retry"] == b"false"
+    status, headers, _ = send(gateway, key, chat_with(b"1"), extra=[(b"Last-Event-ID", b"0")])
+    assert (status, headers[b"idempotent-replayed"]) == (200, b"true")
 
 
 # --- streams ---------------------------------------------------------------------------
@@ -335,13 +349,22 @@ def _events(stream: bytes) -> list[bytes]:
 @row("mixed line endings in a stream (`data: a\\n\\r\\n`)")
 def _(gateway: Process, sim: Sim) -> None:
     assert _events(b"data: a\n\r\ndata: b\r\n\n") == [b"data: a\n\r\n", b"data: b\r\n\n"]
-    assert numbered(b"data: a\n\r\n", 1) == b"data: a\nid: 1\r\n\r\n"
+    assert relayed(b"data: a\n\r\n", 1, RUN) == b"data: a\nid: 1-%s\r\n\r\n" % RUN
 
 
 @row("empty lines before an event")
 def _(gateway: Process, sim: Sim) -> None:
     assert _events(b"\n\r\n\ndata: a\n\n") == [b"\n\r\n\ndata: a\n\n"]
     assert _events(b"\n\n\n") == []
+    assert relayed(b"\n\r\n\ndata: a\n\n", 2, RUN) == b"data: a\nid: 2-%s\n\n" % RUN
+
+
+@row("a block without data (a comment such as `: ping`, or `event: x` alone)")
+def _(gateway: Process, sim: Sim) -> None:
+    assert _events(b": ping\r\n\r\ndata: a\n\n") == [b": ping\r\n\r\n", b"data: a\n\n"]
+    assert relayed(b": ping\r\n\r\n", 1, RUN) == b": ping\n"
+    assert relayed(b"\n: a\rretry: 5\nevent: x\nid: 7\n\n", 2, RUN) == b": a\nretry: 5\n"
+    assert relayed(b"event: x\n\n", 3, RUN) == b""
 
 
 @row("a stream that ends without its empty line")
@@ -349,7 +372,7 @@ def _(gateway: Process, sim: Sim) -> None:
     assert _events(b"data: a") == [b"data: a\n\n"]
     assert _events(b"data: a\r\n") == [b"data: a\r\n\n"]
     assert _events(b"data: a\r") == [b"data: a\r\r"]
-    assert numbered(_events(b"data: a")[0], 3) == b"data: a\nid: 3\n\n"
+    assert relayed(_events(b"data: a")[0], 3, RUN) == b"data: a\nid: 3-%s\n\n" % RUN
 
 
 @row("a stream cut at any byte")

@@ -1,8 +1,10 @@
-"""The SSE splitter and numbering against a reference reading of the WHATWG rules.
+"""The SSE splitter and framing against a reference reading of the WHATWG rules.
 
 WHATWG HTML 9.2.5: a line ends at CRLF, LF or CR; an event ends at an empty line.
-The splitter must cut where that reading does, whatever the chunks, and an
-event numbered by the gateway must read as the same event with its number.
+The splitter must cut where that reading does, whatever the chunks; an event
+with data, framed by the gateway, must read as the same event with its id, and
+a block without data as its lines without an empty line (the whole relay, end to
+end, is tests/fuzz/test_sse_relay_fuzz.py).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from payonce.gateway.sse import EventSplitter, numbered
+from payonce.gateway.sse import EventSplitter, relayed
 from tests.fuzz.conftest import FUZZ
 
+RUN = b"3fa94c1e"
 # Few symbols, so line endings meet each other often.
 streams = st.lists(
     st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"id: 9", b":", b"y"]), max_size=24
@@ -94,14 +97,22 @@ def test_the_events_and_the_rest_are_the_stream_byte_for_byte(stream: bytes) -> 
     assert reference_events(last, final=True) == ([last], b""), "one whole event"
 
 
+def has_data(event: bytes) -> bool:
+    return any(line.split(b":", 1)[0] == b"data" for line in fields(event))
+
+
 @FUZZ
 @given(streams, st.integers(min_value=1, max_value=10**6))
-def test_a_numbered_event_reads_as_the_event_with_its_number_last(
-    stream: bytes, number: int
-) -> None:
+def test_a_relayed_event_reads_as_the_event_with_its_id_last(stream: bytes, number: int) -> None:
     splitter = EventSplitter()
     for event in [*splitter.feed(stream), *splitter.close()]:
-        relayed = numbered(event, number)
-        assert fields(relayed) == [*fields(event), b"id: %d" % number]
-        again, rest = reference_events(relayed, final=True)
-        assert again == [relayed] and rest == b"", "still one whole event"
+        out = relayed(event, number, RUN)
+        if has_data(event):
+            assert fields(out) == [*fields(event), b"id: %d-%s" % (number, RUN)]
+            again, rest = reference_events(out, final=True)
+            assert again == [out] and rest == b"", "still one whole event"
+            assert out[:1] not in (b"\r", b"\n"), "no empty line before it"
+        else:
+            kept = [f for f in fields(event) if f.split(b":", 1)[0] not in (b"event", b"id")]
+            assert fields(out) == kept
+            assert out == b"".join(line + b"\n" for line in kept), "no empty line at all"

@@ -23,6 +23,7 @@ from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEven
 from tests.gateway.conftest import GatewayFactory, Sim
 from tests.support.exposition import metric
 from tests.support.processes import Process
+from tests.support.sse import read_stream
 
 API_KEY = "sk-test-responses"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -227,21 +228,25 @@ def test_a_completed_stream_replays_byte_for_byte(gateway: Process, fresh_sim: S
     wait_completed(gateway, key)
     assert raw_events(gateway.url, key) == first
     assert first[-1].startswith(b"event: response.completed\ndata: ")
-    assert [event.rsplit(b"id: ", 1)[1] for event in first] == [
-        b"%d\n\n" % n for n in range(1, len(first) + 1)
-    ]
+    ids = [event.rsplit(b"id: ", 1)[1] for event in first]
+    run = ids[0][ids[0].index(b"-") :]
+    assert ids == [b"%d%s" % (n, run) for n in range(1, len(first) + 1)]
     assert fresh_sim.billed() == 1
 
 
 def test_last_event_id_resumes_a_stream_recorded_or_live(gateway: Process, fresh_sim: Sim) -> None:
     key = f"resp-resume-{uuid.uuid4()}"
     full = raw_events(gateway.url, key)
-    assert raw_events(gateway.url, key, {"Last-Event-ID": "5"}) == full[5:]
+    fifth = full[4].rsplit(b"id: ", 1)[1].strip().decode()
+    assert raw_events(gateway.url, key, {"Last-Event-ID": fifth}) == full[5:]
     live_key = f"resp-resume-live-{uuid.uuid4()}"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         original = pool.submit(raw_events, gateway.url, live_key)
-        time.sleep(0.3)
-        tail = raw_events(gateway.url, live_key, {"Last-Event-ID": "3"})
+        # A second client follows the running stream for 3 events: their ids name the run.
+        headers = {**HEADERS, **SLOW, "Idempotency-Key": live_key}
+        body = {**BODY, "stream": True}
+        third = read_stream(gateway.url + "/v1/responses", body, headers, stop_after=3)
+        tail = raw_events(gateway.url, live_key, {"Last-Event-ID": third.events[2].id})
         assert tail == original.result()[3:]
     assert fresh_sim.billed() == 2
 

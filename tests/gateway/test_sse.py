@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from payonce.gateway.sse import EventSplitter, StreamUsage, ask_for_usage, is_event_stream, numbered
+from payonce.gateway.sse import (
+    EventSplitter,
+    LastEventId,
+    StreamUsage,
+    ask_for_usage,
+    is_event_stream,
+    read_last_event_id,
+    relayed,
+    run_tag,
+)
 
 EVENTS = [b'data: {"a":1}\n\n', b"event: ping\ndata: {}\n\n", b": comment\n\n", b"data: [DONE]\n\n"]
 
@@ -30,9 +39,45 @@ def test_crlf_events_and_an_unterminated_tail() -> None:
     assert splitter.close() == [b"data: 2\n\n"]
 
 
-def test_numbered_puts_the_id_last() -> None:
-    assert numbered(b"data: x\n\n", 7) == b"data: x\nid: 7\n\n"
-    assert numbered(b"data: x\r\n\r\n", 8) == b"data: x\r\nid: 8\r\n\r\n"
+def test_relayed_puts_the_id_with_its_run_last() -> None:
+    assert relayed(b"data: x\n\n", 7, b"3fa94c1e") == b"data: x\nid: 7-3fa94c1e\n\n"
+    assert relayed(b"data: x\r\n\r\n", 8, b"00ff00ff") == b"data: x\r\nid: 8-00ff00ff\r\n\r\n"
+    anthropic = b'event: ping\ndata: {"type":"ping"}\n\n'
+    assert relayed(anthropic, 3, b"3fa94c1e") == anthropic[:-1] + b"id: 3-3fa94c1e\n\n"
+
+
+def test_relayed_sends_a_comment_as_its_bare_lines() -> None:
+    assert relayed(b": OPENROUTER PROCESSING\n\n", 2, b"3fa94c1e") == b": OPENROUTER PROCESSING\n"
+    assert relayed(b":\r\n: ping\r\n\r\n", 2, b"3fa94c1e") == b":\n: ping\n"
+    # "data" is a field only as a whole name: "database:" is an unknown field, kept bare.
+    assert relayed(b"database: x\n\n", 2, b"3fa94c1e") == b"database: x\n"
+    assert relayed(b": c\ndata\n\n", 2, b"3fa94c1e") == b": c\ndata\nid: 2-3fa94c1e\n\n"
+
+
+def test_a_run_tag_is_8_hex_digits_of_the_token_and_only_its_own() -> None:
+    tag = run_tag("00112233445566ff")
+    assert len(tag) == 8 and int(tag, 16) >= 0
+    assert tag == run_tag("00112233445566ff") != run_tag("00112233445566fe")
+    assert tag not in (b"00112233", b"445566ff"), "a hash, not a piece of the token"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"12-3fa94c1e", LastEventId(12, b"3fa94c1e")),
+        (b" 12-3FA94C1E ", LastEventId(12, b"3fa94c1e")),
+        (b"0-3fa94c1e", LastEventId(0, b"3fa94c1e")),
+        (b"12", LastEventId(12, None)),
+        (b"0", LastEventId(0, None)),
+        (b"-1", None),
+        (b"12-3fa94c1", None),
+        (b"12-3fa94c1e0", None),
+        (b"seven", None),
+        (b"1" * 19, None),
+    ],
+)
+def test_read_last_event_id(raw: bytes, expected: LastEventId | None) -> None:
+    assert read_last_event_id(raw) == expected
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 
 from tests.gateway.conftest import AUTH, GatewayFactory, Sim
 from tests.support.processes import Process
+from tests.support.sse import read_stream
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about retries and invoices."}]
 SLOW = {"X-Sim-Token-Ms": "20"}  # 20 ms per token: a stream of a couple of seconds
@@ -53,6 +54,13 @@ def wait_billed(sim: Sim) -> None:
     deadline = time.monotonic() + 15
     while sim.billed() == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def third_event_id(gateway: Process, key: str) -> str:
+    """The id of event 3 of a stream, as a second client following it live reads it."""
+    headers = {**AUTH, **SLOW, "Idempotency-Key": key}
+    read = read_stream(gateway.url + "/v1/chat/completions", STREAM_BODY, headers, stop_after=3)
+    return read.events[2].id
 
 
 def raw_events(
@@ -140,9 +148,9 @@ def test_two_clients_on_one_live_stream_get_identical_events(
         assert early.result() == late.result()
     events = early.result()
     assert events[-1].startswith(b"data: [DONE]\nid: ")
-    assert [e.rsplit(b"id: ", 1)[1] for e in events] == [
-        b"%d\n\n" % n for n in range(1, len(events) + 1)
-    ]
+    ids = [e.rsplit(b"id: ", 1)[1] for e in events]
+    run = ids[0][ids[0].index(b"-") :]
+    assert ids == [b"%d%s" % (n, run) for n in range(1, len(events) + 1)]
     assert fresh_sim.billed() == 1
 
 
@@ -154,16 +162,21 @@ def test_a_completed_stream_replays_byte_for_byte(gateway: Process, fresh_sim: S
     assert fresh_sim.billed() == 1
 
 
+def _event_id(event: bytes) -> str:
+    return event.rsplit(b"id: ", 1)[1].strip().decode()
+
+
 def test_last_event_id_resumes_after_that_event(gateway: Process, fresh_sim: Sim) -> None:
     key = f"resume-{uuid.uuid4()}"
     full = raw_events(gateway.url, key)
-    tail = raw_events(gateway.url, key, {"Last-Event-ID": "5"})
+    tail = raw_events(gateway.url, key, {"Last-Event-ID": _event_id(full[4])})
     assert tail == full[5:]
     live_key = f"resume-live-{uuid.uuid4()}"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         original = pool.submit(raw_events, gateway.url, live_key)
-        time.sleep(0.3)
-        live_tail = raw_events(gateway.url, live_key, {"Last-Event-ID": "3"})
+        # Event 3's id names the run: a second client of the running stream reads it.
+        third = third_event_id(gateway, live_key)
+        live_tail = raw_events(gateway.url, live_key, {"Last-Event-ID": third})
         assert live_tail == original.result()[3:]
     bad = httpx.post(
         gateway.url + "/v1/chat/completions",

@@ -55,9 +55,11 @@ async def test_a_stream_followed_from_three_replicas_is_the_same_bytes_everywher
     # from Redis) sees exactly what the first client saw live.
     assert len(bodies) == 1
     (body,) = bodies
-    ids = [int(number) for number in re.findall(rb"^id: (\d+)$", body, re.MULTILINE)]
+    found = re.findall(rb"^id: (\d+)-([0-9a-f]{8})$", body, re.MULTILINE)
+    ids = [int(number) for number, _ in found]
     assert ids == list(range(1, len(ids) + 1)) and len(ids) > 16
-    assert body.endswith(b"data: [DONE]\nid: %d\n\n" % ids[-1])
+    assert len({run for _, run in found}) == 1, "one run"
+    assert body.endswith(b"data: [DONE]\nid: %d-%s\n\n" % (ids[-1], found[-1][1]))
     ledger = fresh_sim.ledger()
     assert ledger["requests"] == 1
     assert ledger["billed"] == 1

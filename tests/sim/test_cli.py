@@ -111,6 +111,8 @@ def test_help_shows_flags_and_defaults() -> None:
         "--die-mid-stream",
         "X-Sim-Token-Ms",
         "X-Sim-Die-After",
+        "--keep-alive",
+        "X-Sim-Keep-Alive-Ms",
         "--seed",
         "--ledger",
         "--stored-responses",

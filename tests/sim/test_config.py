@@ -138,6 +138,7 @@ def test_config_from_flags_defaults() -> None:
     assert config.token_interval == pytest.approx(0.02)  # 50/s
     assert config.die_mid_stream == 0.0
     assert config.stored_responses == 1000
+    assert config.keep_alive == 0.0
 
 
 def test_config_from_flags_parses_everything() -> None:
@@ -152,6 +153,7 @@ def test_config_from_flags_parses_everything() -> None:
         token_rate="100/s",
         die_mid_stream="0.3",
         stored_responses="5",
+        keep_alive="250ms",
     )
     assert config == SimConfig(
         host="0.0.0.0",
@@ -164,6 +166,7 @@ def test_config_from_flags_parses_everything() -> None:
         token_interval=0.01,
         die_mid_stream=0.3,
         stored_responses=5,
+        keep_alive=0.25,
     )
 
 
@@ -181,6 +184,9 @@ def test_config_from_flags_parses_everything() -> None:
         ({"die_mid_stream": "2"}, "--die-mid-stream"),
         ({"stored_responses": "-1"}, "--stored-responses"),
         ({"stored_responses": "many"}, "--stored-responses"),
+        ({"keep_alive": "15"}, "--keep-alive"),
+        ({"keep_alive": "2m"}, "--keep-alive"),
+        ({"keep_alive": "61s"}, "--keep-alive"),
     ],
 )
 def test_config_from_flags_names_the_bad_flag(flags: dict[str, str], flag: str) -> None:

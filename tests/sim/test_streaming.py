@@ -470,3 +470,66 @@ def test_drop_after_compute_rate_applies_to_streams(start_sim: SimFactory) -> No
     assert sim.billed() == 1
     kept = stream_raw(sim, "/v1/chat/completions", STREAM_CHAT, {"X-Sim-Drop": "0"})
     assert kept.complete
+
+
+# --- keep-alive comments ---------------------------------------------------------------
+
+KEEP_ALIVE = b": OPENROUTER PROCESSING"
+
+
+def test_keep_alive_sends_the_head_at_once_and_comments_while_the_model_thinks(
+    fresh_sim: Sim,
+) -> None:
+    # 500 ms to the first token, a comment every 100 ms of it: exactly 4 (at 100,
+    # 200, 300 and 400 ms), however late the machine runs them.
+    headers = {"X-Sim-Delay-Ms": "500", "X-Sim-Keep-Alive-Ms": "100", **UNPACED}
+    received = stream_raw(fresh_sim, "/v1/chat/completions", STREAM_CHAT, headers)
+    assert received.complete
+    assert received.events[:4] == [KEEP_ALIVE] * 4
+    assert KEEP_ALIVE not in received.events[4:]
+    assert received.events[-1] == b"data: [DONE]"
+    plain = stream_raw(fresh_sim, "/v1/chat/completions", STREAM_CHAT, {"X-Sim-Delay-Ms": "500"})
+    assert received.events[4:] != [] and len(received.events[4:]) == len(plain.events)
+    assert KEEP_ALIVE not in b"".join(plain.events), "off unless asked for"
+
+
+def test_keep_alive_comments_fill_the_gaps_between_slow_tokens(fresh_sim: Sim) -> None:
+    # A token every 250 ms, a comment every 100 ms of silence: 2 in each gap.
+    headers = {"X-Sim-Delay-Ms": "0", "X-Sim-Keep-Alive-Ms": "100", "X-Sim-Token-Ms": "250"}
+    body = {**STREAM_CHAT, "max_tokens": 3}
+    received = stream_raw(fresh_sim, "/v1/chat/completions", body, headers)
+    kinds = [b"c" if event == KEEP_ALIVE else b"e" for event in received.events]
+    # role chunk, then per token two comments and its delta, then finish and [DONE]
+    assert b"".join(kinds) == b"e" + b"cce" * 3 + b"ee"
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_the_sdks_ignore_keep_alive_comments(fresh_sim: Sim, api: str) -> None:
+    headers = {"X-Sim-Delay-Ms": "300", "X-Sim-Keep-Alive-Ms": "50", "X-Sim-Token-Ms": "120"}
+    if api == "openai":
+        with openai_client(fresh_sim, headers) as client:
+            stream = client.chat.completions.create(
+                model="gpt-4o-mini", messages=STREAM_CHAT["messages"], max_tokens=4, stream=True
+            )
+            text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+            plain = client.chat.completions.create(
+                model="gpt-4o-mini", messages=STREAM_CHAT["messages"], max_tokens=4
+            )
+        assert text == plain.choices[0].message.content
+    else:
+        with anthropic_client(fresh_sim, headers) as client:
+            body = {**MESSAGE_BODY, "max_tokens": 4}
+            with client.messages.stream(**body) as stream:
+                text = "".join(stream.text_stream)
+            assert text == client.messages.create(**body).content[0].text  # type: ignore[union-attr]
+
+
+def test_keep_alive_flag_and_a_bad_header(start_sim: SimFactory) -> None:
+    sim = start_sim("--latency", "fixed:300ms", "--token-rate", "0", "--keep-alive", "100ms")
+    received = stream_raw(sim, "/v1/chat/completions", STREAM_CHAT)
+    assert received.events[:2] == [KEEP_ALIVE] * 2
+    assert "keep-alive 0.1s" in sim.process.output()
+    off = stream_raw(sim, "/v1/chat/completions", STREAM_CHAT, {"X-Sim-Keep-Alive-Ms": "0"})
+    assert KEEP_ALIVE not in off.events
+    bad = sim.post("/v1/chat/completions", STREAM_CHAT, headers={"X-Sim-Keep-Alive-Ms": "-1"})
+    assert bad.status_code == 400 and "X-Sim-Keep-Alive-Ms" in bad.text

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 PATH = "/v1/chat/completions"
-DONE = b"data: [DONE]\n"  # the gateway puts its own "id: N" line after it
+DONE = b"data: [DONE]\n"  # the gateway puts its own "id: N-<run>" line after it
 TENANTS = [
     {"Authorization": "Bearer sk-soak-tenant-1"},
     {"Authorization": "Bearer sk-soak-tenant-2"},

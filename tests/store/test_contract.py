@@ -261,6 +261,10 @@ async def test_a_stream_is_recorded_event_by_event_and_completed(store: Store) -
     assert done.streaming and done.events == 3 and done.response is not None
     assert done.response.headers == headers
     assert len(await store.read_events("t", "k")) == 3
+    # Its events' ids name the run by its token (gateway/sse.py, run_tag): kept.
+    assert running.token == done.token == token
+    replayed = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
+    assert replayed.record.token == token
 
 
 async def test_a_stale_holder_cannot_write_into_a_new_holders_stream(

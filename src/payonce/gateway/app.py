@@ -8,6 +8,8 @@ Keyed request, in order (docs/gateway.md, "The contract")::
     read body ─ too big ──────────────────────────────────────► 413
     replay cache hit ─ same fingerprint ──────────────────────► replay (no store call)
                      ─ other fingerprint ─────────────────────► 422
+    Last-Event-ID ─ its run, live here or recorded ───────────► its events after that one
+                  ─ its run gone, or a plain number ──────────► 412 (never claims: resume.py)
     same key running here? ─ same fingerprint ─► join ────────► its result, or follow its stream
     store.claim ─ MISMATCH ───────────────────────────────────► 422
                 ─ COMPLETED ──────────────────────────────────► replay (a stream: its events)
@@ -79,12 +81,13 @@ from payonce.gateway.pending import PendingWrites
 from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
-from payonce.gateway.sse import StreamId, not_asked_for_usage
+from payonce.gateway.resume import find_run
+from payonce.gateway.sse import LastEventId, StreamId, not_asked_for_usage, read_last_event_id
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.tracing import open_tracing
-from payonce.store import ClaimStatus, Record, Store, StoredResponse
+from payonce.store import ClaimStatus, Record, RecordState, Store, StoredResponse
 
 __all__ = ["Gateway"]
 
@@ -106,19 +109,22 @@ def _mismatch(key: str) -> FingerprintMismatch:
     return FingerprintMismatch(f"Idempotency-Key {key!r} was first used with a different request")
 
 
-def _last_event_id(headers: list[tuple[bytes, bytes]]) -> int:
-    """Events already received by a resuming client (``Last-Event-ID``), else 0."""
+def _last_event_id(headers: list[tuple[bytes, bytes]]) -> LastEventId | None:
+    """What a resuming client has received (``Last-Event-ID``); ``None``: not a resume.
+
+    ``0`` is no resume either: with nothing received there is nothing to splice.
+    """
     raw = header(headers, b"last-event-id")
     if raw is None or not raw.strip():
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
+        return None
+    value = read_last_event_id(raw)
+    if value is None:
         raise InvalidIdempotencyKey(
-            "Last-Event-ID must be the number of an event this gateway sent (its id: field)"
+            "Last-Event-ID must be the id of an event this gateway sent (its id: field,"
+            " such as 12-3fa94c1e)"
         )
+    if value.after == 0 and value.run is None:
+        return None
     return value
 
 
@@ -347,6 +353,12 @@ class Gateway:
             request.body,
             header(request.headers, b"content-type"),
         )
+        resume = _last_event_id(request.headers)
+        if resume is not None:
+            # Before the replay cache: a resume is answered from its run or refused,
+            # the same on every replica, whatever each one has cached.
+            await self._resume(tenant, key, print_, resume, request, receive, send, record)
+            return None
         cached = self.replays.get(tenant, key)
         if cached is not None:
             if cached.fingerprint != print_:
@@ -356,7 +368,6 @@ class Gateway:
             self.observer.apply(record, cached.facts, saved=True)
             await _send_replay(send, cached)
             return None
-        after = _last_event_id(request.headers)
         settings = self.settings
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.wait_timeout
@@ -371,7 +382,7 @@ class Gateway:
                 head = await self._join(local, deadline)
                 record.outcome = "joined"
                 try:
-                    await self._answer(send, receive, head, _JOINED, after, local)
+                    await self._answer(send, receive, head, _JOINED, 0, local)
                 finally:
                     self.observer.apply(record, local.facts, saved=True)
                 return None
@@ -394,7 +405,7 @@ class Gateway:
                 try:
                     head = await asyncio.shield(execution.head)
                     await self._answer(
-                        send, receive, head, _NOT_REPLAYED, after, execution, execution.facts
+                        send, receive, head, _NOT_REPLAYED, 0, execution, execution.facts
                     )
                 finally:
                     self.observer.apply(record, execution.facts, saved=False)
@@ -402,36 +413,12 @@ class Gateway:
             stored = claim.record
             if claim.status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
-            facts = stored_facts(stored)
             if stored.streaming:
                 # Completed, or being recorded by another process: its events.
-                self.replay_counts.add(tenant, key)
-                record.outcome = "replayed" if claim.status is ClaimStatus.COMPLETED else "joined"
-                if facts.usage is None and not_asked_for_usage(
-                    request.raw_path, request.body, settings.inject_stream_usage
-                ):
-                    facts.usage_missing = "not_requested"
-                if facts.request_id is None and after:
-                    # Resumed: the first events, which carry the provider's id, are not relayed.
-                    facts.request_id = await stored_request_id(self.store, stored)
-                # Without a request-id header, the id is in the events relayed first.
-                stream_id = StreamId() if facts.request_id is None else None
-                self.observer.apply(record, facts, saved=True)
-                try:
-                    await relay_stored(
-                        send,
-                        receive,
-                        self.store,
-                        stored,
-                        _JOINED,
-                        after,
-                        clock=self.clock,
-                        seen=stream_id.feed_events if stream_id is not None else None,
-                    )
-                finally:
-                    if stream_id is not None:
-                        record.upstream_request_id = stream_id.value
+                completed = claim.status is ClaimStatus.COMPLETED
+                await self._follow_recorded(stored, completed, request, receive, send, record, 0)
                 return None
+            facts = stored_facts(stored)
             if claim.status is ClaimStatus.COMPLETED:
                 self.replay_counts.add(tenant, key)
                 assert stored.response is not None
@@ -461,6 +448,80 @@ class Gateway:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 
+    async def _resume(
+        self,
+        tenant: str,
+        key: str,
+        print_: str,
+        resume: LastEventId,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+    ) -> None:
+        """Answer a ``Last-Event-ID`` resume from the run it names, or 412 (gateway/resume.py).
+
+        It never claims the key: a resume must not start a run of its own.
+        """
+        deadline = asyncio.get_running_loop().time() + self.settings.wait_timeout
+        run = await find_run(self.running, self.store, self.clock, tenant, key, resume, deadline)
+        if run.fingerprint != print_:
+            raise _mismatch(key)
+        if isinstance(run, Record):
+            completed = run.state is RecordState.COMPLETED
+            await self._follow_recorded(
+                run, completed, request, receive, send, record, resume.after
+            )
+            return
+        run.joined += 1
+        head = await self._join(run, deadline)
+        record.outcome = "joined"
+        try:
+            await self._answer(send, receive, head, _JOINED, resume.after, run)
+        finally:
+            self.observer.apply(record, run.facts, saved=True)
+
+    async def _follow_recorded(
+        self,
+        stored: Record,
+        completed: bool,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        after: int,
+    ) -> None:
+        """Relay a recorded stream's events after ``after``: completed, or still recorded
+        by another process (then followed until it completes or its run is gone)."""
+        tenant, key = stored.tenant, stored.key
+        facts = stored_facts(stored)
+        self.replay_counts.add(tenant, key)
+        record.outcome = "replayed" if completed else "joined"
+        if facts.usage is None and not_asked_for_usage(
+            request.raw_path, request.body, self.settings.inject_stream_usage
+        ):
+            facts.usage_missing = "not_requested"
+        if facts.request_id is None and after:
+            # Resumed: the first events, which carry the provider's id, are not relayed.
+            facts.request_id = await stored_request_id(self.store, stored)
+        # Without a request-id header, the id is in the events relayed first.
+        stream_id = StreamId() if facts.request_id is None else None
+        self.observer.apply(record, facts, saved=True)
+        try:
+            await relay_stored(
+                send,
+                receive,
+                self.store,
+                stored,
+                _JOINED,
+                after,
+                clock=self.clock,
+                seen=stream_id.feed_events if stream_id is not None else None,
+            )
+        finally:
+            if stream_id is not None:
+                record.upstream_request_id = stream_id.value
+
     async def _answer(
         self,
         send: Send,
@@ -474,7 +535,7 @@ class Gateway:
         if isinstance(head, ProblemError):
             raise head
         if isinstance(head, LiveStream):
-            left = await relay_live(send, receive, head, marker, after)
+            left = await relay_live(send, receive, head, marker, after, execution.token)
             if (
                 left
                 and self.settings.on_stream_disconnect == "cancel"

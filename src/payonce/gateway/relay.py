@@ -1,8 +1,9 @@
 """Sending responses to the client: whole ones, and event streams (live, stored, or both).
 
-Every streamed event goes out numbered (``id: N``) so a client can resume with
-``Last-Event-ID``. A client that disconnects stops its relay, never the upstream
-run behind it (that one belongs to the key, not to this client).
+Every streamed event goes out framed by :func:`~payonce.gateway.sse.relayed`:
+numbered with its run (``id: N-<run>``) so a client can resume with
+``Last-Event-ID``, comments bare. A client that disconnects stops its relay,
+never the upstream run behind it (that one belongs to the key, not to this client).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from payonce.clock import Clock
 from payonce.gateway.asgi import Receive, Send, break_response, send_response
 from payonce.gateway.live import LiveStream
-from payonce.gateway.sse import numbered
+from payonce.gateway.sse import relayed, run_tag
 from payonce.gateway.upstream import UpstreamResponse
 from payonce.store import Record, RecordState, Store, StoredResponse
 
@@ -73,10 +74,12 @@ async def _pump(
     send: Send,
     batches: AsyncGenerator[list[bytes]],
     after: int,
+    run: bytes,
     gone: Callable[[], bool],
     seen: Callable[[list[bytes]], object] | None = None,
 ) -> bool:
-    """Send numbered batches; False when the client left or the source broke off."""
+    """Send framed batches of ``run``'s events; False when the client left or the source
+    broke off."""
     number = after
     try:
         # aclosing: a client that leaves must stop following at once (LiveStream
@@ -88,7 +91,7 @@ async def _pump(
                 parts = []
                 for event in batch:
                     number += 1
-                    parts.append(numbered(event, number))
+                    parts.append(relayed(event, number, run))
                 body = b"".join(parts)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if gone():
@@ -102,15 +105,21 @@ async def _pump(
 
 
 async def relay_live(
-    send: Send, receive: Receive, live: LiveStream, marker: tuple[bytes, bytes], after: int
+    send: Send,
+    receive: Receive,
+    live: LiveStream,
+    marker: tuple[bytes, bytes],
+    after: int,
+    token: str,
 ) -> bool:
-    """Relay a stream running in this process: what it has so far, then what comes.
+    """Relay a stream running in this process (the run holding ``token``): what it has
+    so far, then what comes.
 
     Returns True when the client left before the end.
     """
     await _start_stream(send, live.status, live.headers, marker)
     with watch_disconnect(receive) as gone:
-        if await _pump(send, live.follow(after), after, gone):
+        if await _pump(send, live.follow(after), after, run_tag(token), gone):
             await send({"type": "http.response.body", "body": b""})
         return bool(gone())
 
@@ -137,7 +146,7 @@ async def relay_stored(
     await _start_stream(send, record.response.status, record.response.headers, marker)
     batches = _stored_batches(store, record, after, poll, clock)
     with watch_disconnect(receive) as gone:
-        if await _pump(send, batches, after, gone, seen):
+        if await _pump(send, batches, after, run_tag(record.token), gone, seen):
             await send({"type": "http.response.body", "body": b""})
 
 
@@ -149,16 +158,22 @@ async def _stored_batches(
     current: Record | None = record
     while True:
         events = await store.read_events(tenant, key, position)
+        # Events are stored by key, not by run: whose these are is known only by
+        # looking at the record after reading them. Its token then is the one it
+        # had when they were read (a run that lost the key never gets it back),
+        # and a completed record no longer changes. So a run that replaced this
+        # one meanwhile has its events dropped here, never relayed after ours.
+        if current is None or current.state is not RecordState.COMPLETED:
+            current = await store.get(tenant, key)
+        if current is None or current.token != record.token:
+            raise ConnectionError("the stream's run was released before it completed")
         if events:
             position += len(events)
             yield events
-        if current is not None and current.state is RecordState.COMPLETED:
+        if current.state is RecordState.COMPLETED:
             if position >= current.events:
                 return
             continue
-        current = await store.get(tenant, key)
-        if current is None or current.token != record.token:
-            raise ConnectionError("the stream's run was released before it completed")
         if not events and current.lease_lapsed(clock.now()):
             # Store.wait returns at once on a lapsed lease: without this the
             # loop would re-read the dead record as fast as the store answers.

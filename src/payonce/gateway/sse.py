@@ -1,16 +1,31 @@
-"""Server-sent events as the gateway handles them: split, numbered, inspected for usage.
+"""Server-sent events as the gateway handles them: split, framed, inspected for usage.
 
-An event is kept as the upstream sent it, terminator included (``\\n\\n`` or
-``\\r\\n\\r\\n``). When relayed, each gets an ``id:`` line with its number
-(1, 2, ...), placed last so it wins over any id the upstream set; the official
-SDKs ignore the field, and a client that reconnects sends it back as
-``Last-Event-ID`` to resume after that event (WHATWG HTML, server-sent events).
+An event is kept (and recorded) as the upstream sent it, terminator included
+(``\\n\\n`` or ``\\r\\n\\r\\n``), comment-only blocks too, so a replay frames
+them the same way as the first relay. When relayed, each block is framed by
+:func:`relayed` (WHATWG HTML 9.2.6 is the reading every rule below preserves):
+
+* a block with data gets an ``id: <n>-<run>`` line, placed last so it wins over
+  any id the upstream set: ``n`` its number in the stream (1, 2, ...; comment
+  blocks count), ``run`` the 8 hex digits of :func:`run_tag`, which name this
+  run of the key. A client that reconnects sends it back as ``Last-Event-ID`` to
+  resume after that event, from that run only (gateway/resume.py);
+* a block without data (a keep-alive comment such as OpenRouter's
+  ``: OPENROUTER PROCESSING``) dispatches nothing, and is sent as its bare lines,
+  without its blank line and without an id. Once a stream has carried an id, the
+  official SDKs' decoders dispatch an event at every blank line, data or not, and
+  parse its empty data as JSON: a comment with its blank line crashed them
+  (issue 29). Its ``event:`` and ``id:`` lines are dropped (they would carry over
+  to the next event); comments, ``retry:`` and unknown fields stay;
+* empty lines before a block (nothing a client dispatches) are dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import orjson
 
@@ -18,13 +33,16 @@ from payonce.observe.usage import normalise_usage
 
 __all__ = [
     "EventSplitter",
+    "LastEventId",
     "StreamId",
     "StreamUsage",
     "ask_for_usage",
     "first_stream_id",
     "is_event_stream",
     "not_asked_for_usage",
-    "numbered",
+    "read_last_event_id",
+    "relayed",
+    "run_tag",
 ]
 
 # An event ends at an empty line (WHATWG HTML 9.2.5): a line ending right after a
@@ -138,10 +156,66 @@ class EventSplitter:
         return [rest + b"\n\n"]
 
 
-def numbered(event: bytes, number: int) -> bytes:
-    """The event with ``id: <number>`` as its last field, ended as the event was."""
+# A field named "data" (WHATWG HTML 9.2.6: the name is what comes before the first
+# colon, or the whole line), at the start of a line.
+_DATA_FIELD = re.compile(rb"(?:\A|[\r\n])data[:\r\n]")
+# Fields of a block without data that would carry over to the next block if its
+# blank line were dropped: its event type, and an id that only ours should set.
+_CARRIED_OVER = frozenset({b"event", b"id"})
+
+
+def run_tag(token: str) -> bytes:
+    """The 8 hex digits that name one run of a key in its events' ids.
+
+    A hash of the run's fencing token, which is unique per claim of the key, so
+    each run has its own tag (two runs of one key share one by a 1 in 2^32
+    chance) and every replica derives the same tag for a run. The token itself
+    stays unknown to clients (payonce.store.base.new_token).
+    """
+    return hashlib.blake2b(token.encode(), digest_size=4).hexdigest().encode()
+
+
+def relayed(event: bytes, number: int, run: bytes) -> bytes:
+    """The block as a client gets it (the module docstring): numbered, or bare lines."""
+    # The common cases need no regex: a first line of data (OpenAI's chunks), or a
+    # data line after the first (Anthropic's "event: x" then "data: ..."), with no
+    # empty line in front.
+    if event[:5] != b"data:" and (event[:1] in _LINE_ENDINGS or b"\ndata:" not in event):
+        event = event.lstrip(_LINE_ENDINGS)
+        if _DATA_FIELD.search(event) is None:
+            return _bare(event)
     ending = b"\r\n" if event.endswith(b"\r\n") else event[-1:]
-    return event[: -len(ending)] + b"id: %d" % number + ending + ending
+    return b"%sid: %d-%s%s%s" % (event[: -len(ending)], number, run, ending, ending)
+
+
+def _bare(event: bytes) -> bytes:
+    """A block without data as the lines a client ignores, ended by LF, no blank line."""
+    kept = []
+    for line in event.splitlines():
+        if line and line.split(b":", 1)[0] not in _CARRIED_OVER:
+            kept.append(line + b"\n")
+    return b"".join(kept)
+
+
+# An id this gateway sends, "<n>-<run>", or a plain number (what it sent before runs
+# were named). At most 18 digits: an event number, not a way to send a huge int.
+_EVENT_ID = re.compile(rb"(\d{1,18})(?:-([0-9a-f]{8}))?")
+
+
+@dataclass(frozen=True, slots=True)
+class LastEventId:
+    """A resuming client's ``Last-Event-ID``: the events it has, and from which run."""
+
+    after: int
+    run: bytes | None  # None: a plain number, which names no run
+
+
+def read_last_event_id(raw: bytes) -> LastEventId | None:
+    """Parse a ``Last-Event-ID`` value; ``None`` when it is no id this gateway sends."""
+    match = _EVENT_ID.fullmatch(raw.strip().lower())
+    if match is None:
+        return None
+    return LastEventId(int(match[1]), match[2])
 
 
 def _data_json(event: bytes) -> object:

@@ -71,6 +71,14 @@ class _ConfigExit(click.ClickException):
     help="Fraction of streams cut at a random event before the terminating one; not billed.",
 )
 @click.option(
+    "--keep-alive",
+    default="0",
+    show_default=True,
+    metavar="DURATION",
+    help="Streams: send the head at once and an SSE comment (': OPENROUTER PROCESSING') "
+    "after every DURATION of silence, as OpenRouter does; 0: never.",
+)
+@click.option(
     "--stored-responses",
     default=str(DEFAULT_STORED_RESPONSES),
     show_default=True,
@@ -101,6 +109,7 @@ def sim_command(
     fail: str,
     drop_after_compute: str,
     die_mid_stream: str,
+    keep_alive: str,
     stored_responses: str,
     seed: str | None,
     ledger: str | None,
@@ -113,7 +122,7 @@ def sim_command(
 
     \b
     Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop, X-Sim-No-Request-Id;
-    for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After.
+    for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After, X-Sim-Keep-Alive-Ms.
     """
     try:
         config = SimConfig.from_flags(
@@ -127,6 +136,7 @@ def sim_command(
             token_rate=token_rate,
             die_mid_stream=die_mid_stream,
             stored_responses=stored_responses,
+            keep_alive=keep_alive,
         )
         # Imported here so that `payonce --help` and other commands do not pay for
         # importing aiohttp.

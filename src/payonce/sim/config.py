@@ -113,6 +113,8 @@ def parse_rate(text: str, *, flag: str) -> float:
 
 # A slower stream is certainly a mistake, and would pin a handler for hours.
 _MAX_TOKEN_SECONDS = 60.0
+# Proxies close idle connections after 60 s or more: a keep-alive must come sooner.
+_MAX_KEEP_ALIVE_SECONDS = 60.0
 _TOKEN_RATE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)(?P<unit>/s)?")
 
 
@@ -200,7 +202,9 @@ class SimConfig:
     ``seed=None`` seeds from the operating system (a different run each time).
     ``ledger_path`` is the CSV billing export, appended to; ``None`` keeps the
     ledger in memory only. ``token_interval`` is the seconds between two streamed
-    tokens (0: no pacing); ``die_mid_stream`` the fraction of streams that die.
+    tokens (0: no pacing); ``die_mid_stream`` the fraction of streams that die;
+    ``keep_alive`` the seconds of silence after which a stream sends an SSE
+    comment (0: never).
     ``stored_responses`` caps the Responses API responses kept for
     ``GET /v1/responses/{id}`` (the oldest are evicted; 0 keeps none).
     """
@@ -215,6 +219,7 @@ class SimConfig:
     token_interval: float = field(default_factory=lambda: parse_token_rate(DEFAULT_TOKEN_RATE))
     die_mid_stream: float = 0.0
     stored_responses: int = DEFAULT_STORED_RESPONSES
+    keep_alive: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop_after_compute <= 1.0:
@@ -227,6 +232,8 @@ class SimConfig:
             raise ConfigError(f"--token-rate: bad token interval {self.token_interval}")
         if self.stored_responses < 0:
             raise ConfigError(f"--stored-responses: {self.stored_responses} is below 0")
+        if not 0.0 <= self.keep_alive <= _MAX_KEEP_ALIVE_SECONDS:
+            raise ConfigError(f"--keep-alive: {self.keep_alive:g}s is not between 0 and 60s")
 
     @classmethod
     def from_flags(
@@ -242,6 +249,7 @@ class SimConfig:
         token_rate: str = DEFAULT_TOKEN_RATE,
         die_mid_stream: str = "0",
         stored_responses: str = str(DEFAULT_STORED_RESPONSES),
+        keep_alive: str = "0",
     ) -> SimConfig:
         """Parse the CLI's flag strings; raises :class:`ConfigError` on the first bad one."""
         if not host.strip():
@@ -259,4 +267,5 @@ class SimConfig:
             token_interval=parse_token_rate(token_rate),
             die_mid_stream=parse_rate(die_mid_stream, flag="--die-mid-stream"),
             stored_responses=_parse_count(stored_responses, flag="--stored-responses"),
+            keep_alive=parse_duration(keep_alive, flag="--keep-alive"),
         )

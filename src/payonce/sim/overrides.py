@@ -17,10 +17,13 @@ header                effect on this request
 ``X-Sim-No-Request-Id`` ``1``/``true``: send no ``x-request-id`` (nor ``request-id``)
                       header, as llama.cpp's server and many self-hosted ones do; the
                       id is then only in the body (and in a stream's events)
+``X-Sim-Keep-Alive-Ms`` streams: send the head at once, then an SSE comment every this
+                      many milliseconds of silence (0-60000; 0: none), instead of
+                      ``--keep-alive``
 ====================  ==================================================================
 
 A bad header value is answered 400 (not billed), so a typo in a test fails loudly.
-The two stream headers are checked on every request but only act on streams: a
+The three stream headers are checked on every request but only act on streams: a
 non-streaming request has no tokens to pace and no events to die after.
 """
 
@@ -38,6 +41,7 @@ __all__ = [
     "DIE_AFTER_HEADER",
     "DROP_HEADER",
     "FAIL_HEADER",
+    "KEEP_ALIVE_HEADER",
     "NO_OVERRIDES",
     "NO_REQUEST_ID_HEADER",
     "TOKEN_MS_HEADER",
@@ -50,6 +54,7 @@ DROP_HEADER = "X-Sim-Drop"
 TOKEN_MS_HEADER = "X-Sim-Token-Ms"  # noqa: S105 (a header name, not a secret)
 DIE_AFTER_HEADER = "X-Sim-Die-After"
 NO_REQUEST_ID_HEADER = "X-Sim-No-Request-Id"
+KEEP_ALIVE_HEADER = "X-Sim-Keep-Alive-Ms"
 _HEADERS = (
     DELAY_HEADER,
     FAIL_HEADER,
@@ -57,6 +62,7 @@ _HEADERS = (
     TOKEN_MS_HEADER,
     DIE_AFTER_HEADER,
     NO_REQUEST_ID_HEADER,
+    KEEP_ALIVE_HEADER,
 )
 
 # One hour: longer is certainly a mistake, and would pin a handler for ever.
@@ -77,11 +83,12 @@ class Overrides:
     token_interval: float | None = None  # seconds
     die_after: int | None = None  # events
     no_request_id: bool = False  # send the id in the body only
+    keep_alive: float | None = None  # seconds between keep-alive comments (0: none)
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Overrides:
         """Read the ``X-Sim-*`` headers (``headers`` must be case-insensitive)."""
-        delay_text, fail_text, drop_text, token_text, die_text, hide_text = map(
+        delay_text, fail_text, drop_text, token_text, die_text, hide_text, alive_text = map(
             headers.get, _HEADERS
         )
         # The common case, on the benchmark path: no control header at all.
@@ -92,6 +99,7 @@ class Overrides:
             and token_text is None
             and die_text is None
             and hide_text is None
+            and alive_text is None
         ):
             return NO_OVERRIDES
         return cls(
@@ -101,6 +109,7 @@ class Overrides:
             token_interval=None if token_text is None else _token_interval(token_text),
             die_after=None if die_text is None else _event_count(die_text),
             no_request_id=False if hide_text is None else _flag(hide_text, NO_REQUEST_ID_HEADER),
+            keep_alive=None if alive_text is None else _keep_alive(alive_text),
         )
 
 
@@ -113,6 +122,10 @@ def _delay(text: str) -> float:
 
 def _token_interval(text: str) -> float:
     return _millis(text, TOKEN_MS_HEADER, _MAX_TOKEN_MS) / 1000
+
+
+def _keep_alive(text: str) -> float:
+    return _millis(text, KEEP_ALIVE_HEADER, _MAX_TOKEN_MS) / 1000
 
 
 def _millis(text: str, header: str, upper: float) -> float:

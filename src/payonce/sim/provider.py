@@ -15,13 +15,16 @@ answered with server-sent events (:mod:`~payonce.sim.streams`,
 :mod:`~payonce.sim.responses`) instead::
 
     count, refuse, parse       as above: errors are JSON, nothing is sent yet
-    sleep the latency          the time to first token
+    sleep the latency          the time to first token (with --keep-alive /
+                               X-Sim-Keep-Alive-Ms: status and headers first, then a
+                               comment ": OPENROUTER PROCESSING" every interval of it)
     send the head              status, headers and the events before the first
                                token (role chunk; message_start, content_block_start,
                                ping), together
     send one delta per token   each one token interval (--token-rate, X-Sim-Token-Ms)
                                after the previous one; the first one interval after
                                the head. So a stream lasts latency + tokens x interval
+                               (keep-alive comments in a wait longer than theirs)
     X-Sim-Die-After / --die-mid-stream
                                -> when event N+1 is due, close the connection: the
                                provider crashed, nothing finished, not billed
@@ -90,6 +93,7 @@ from payonce.sim.provider_errors import Api, BadRequest, error_body
 from payonce.sim.response_store import StoredResponses
 from payonce.sim.responses import ResponseObject, ResponseReply
 from payonce.sim.streams import (
+    KEEP_ALIVE,
     EventStream,
     chat_completion_stream,
     message_stream,
@@ -219,6 +223,7 @@ class Simulator:
         self._drop_rate = config.drop_after_compute
         self._die_rate = config.die_mid_stream
         self._token_interval = config.token_interval
+        self._keep_alive = config.keep_alive
         self.responses = StoredResponses(config.stored_responses)
         self._background_tasks: set[asyncio.Task[None]] = set()
 
@@ -340,13 +345,9 @@ class Simulator:
         interval = overrides.token_interval
         if interval is None:
             interval = self._token_interval
-        if admitted.delay > 0:
-            await asyncio.sleep(admitted.delay)  # the time to first token
-
-        events = reply.events(self.clock.now(), interval)
-        last = events.count - 1  # the terminating event
-        die_at = self._die_point(overrides, events.count)
-        drop = die_at is None and self._drop(overrides)
+        keep_alive = overrides.keep_alive
+        if keep_alive is None:
+            keep_alive = self._keep_alive
 
         response = web.StreamResponse(
             headers={"Cache-Control": "no-cache", REQUEST_ID_HEADER: request_id}
@@ -358,15 +359,28 @@ class Simulator:
         response.content_type = EVENT_STREAM
         response.charset = "utf-8"
         sender = EventSender(request, response)
-        await sender.start()
-
         loop = asyncio.get_running_loop()
+        if keep_alive > 0:
+            # As OpenRouter does: the head at once, then comments while the model thinks.
+            await sender.start()
+            now = loop.time()
+            await _pause(sender, now, now + admitted.delay, keep_alive)
+        elif admitted.delay > 0:
+            await asyncio.sleep(admitted.delay)  # the time to first token
+
+        events = reply.events(self.clock.now(), interval)
+        last = events.count - 1  # the terminating event
+        die_at = self._die_point(overrides, events.count)
+        drop = die_at is None and self._drop(overrides)
+        if keep_alive <= 0:
+            await sender.start()
+
         due = loop.time()
         for index in range(events.count):
             if interval > 0 and events.is_token(index):
                 due += interval
                 await sender.flush()  # what is due now goes out before the wait
-                await asyncio.sleep(due - loop.time())
+                await _pause(sender, due - interval, due, keep_alive)
             if index == die_at:
                 reply.died()
                 await sender.close()
@@ -435,6 +449,24 @@ class Simulator:
         if status in RETRY_AFTER_STATUSES:
             response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
+
+
+async def _pause(sender: EventSender, since: float, until: float, keep_alive: float) -> None:
+    """Wait until ``until`` (the loop's clock), with a keep-alive comment every
+    ``keep_alive`` seconds after ``since`` (none when 0).
+
+    The comments are counted from ``since``, not from when the wait began, so a
+    wait of a given length carries the same number of them on a slow machine.
+    """
+    loop = asyncio.get_running_loop()
+    if keep_alive > 0:
+        tick = since + keep_alive
+        while tick < until:
+            await asyncio.sleep(tick - loop.time())
+            await sender.send(KEEP_ALIVE)
+            await sender.flush()
+            tick += keep_alive
+    await asyncio.sleep(until - loop.time())
 
 
 async def _read_json(request: web.Request) -> object:

@@ -111,6 +111,7 @@ def _startup_line(config: SimConfig) -> str:
         f"fail {config.failures.describe()}",
         f"drop-after-compute {config.drop_after_compute:g}",
         f"die-mid-stream {config.die_mid_stream:g}",
+        f"keep-alive {config.keep_alive:g}s",
         f"seed {'random' if config.seed is None else config.seed}",
     ]
     if config.ledger_path is not None:

@@ -56,6 +56,7 @@ from payonce.sim.prompts import CHARS_PER_TOKEN, MAX_ANSWER_TOKENS, Ask
 
 __all__ = [
     "DONE",
+    "KEEP_ALIVE",
     "TOKEN_PIECES",
     "EventStream",
     "chat_completion_stream",
@@ -64,6 +65,10 @@ __all__ = [
 ]
 
 DONE = b"data: [DONE]\n\n"
+# A comment, not an event (WHATWG HTML 9.2.6: a line that starts with a colon):
+# OpenRouter's, byte for byte, sent while a model has not answered yet;
+# sse-starlette sends ": ping" the same way. Clients must ignore it.
+KEEP_ALIVE = b": OPENROUTER PROCESSING\n\n"
 
 _TEXT = answer_text(MAX_ANSWER_TOKENS)
 # Token i of every answer, JSON-encoded once: the answer text never changes.
