@@ -8,12 +8,12 @@ result by guessing its key (draft-ietf-httpapi-idempotency-key-header, section 6
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import math
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 from payonce.errors import (
@@ -38,6 +38,7 @@ from payonce.store import Record, RecordState
 
 if TYPE_CHECKING:
     from payonce.gateway.app import Gateway
+    from payonce.gateway.execution import Execution
 
 __all__ = ["ALLOWED_METHODS", "ROUTES", "handle", "record_document"]
 
@@ -125,9 +126,7 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
     if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
         local = gateway.running.get((tenant, key))
         if local is not None:
-            with contextlib.suppress(TimeoutError):
-                assert local.task is not None  # the whole run, streams included
-                await asyncio.wait_for(asyncio.shield(local.task), wait)
+            await _local_change(local, wait)
             record = await gateway.store.get(tenant, key)
         else:
             record = await gateway.store.wait(tenant, key, wait)
@@ -135,6 +134,42 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
         # Never seen, expired, or released after a failure: a retry with this key runs again.
         raise NotFound(f"no record for Idempotency-Key {key!r} for this credential")
     return record
+
+
+async def _local_change(run: Execution, wait: float) -> None:
+    """Until the run this process owns changes, or ``wait`` seconds pass.
+
+    A change is what the store would show another process: the run ends
+    (completed or released), its stream begins, or its stream has events past
+    those it had when the wait began. A stream that has ended but is not yet
+    completed in the store waits for its run, so the answer says ``completed``.
+    The run's task is awaited through :func:`asyncio.wait`, never cancelled.
+    """
+    task = run.task
+    assert task is not None  # set as the run starts, before it is in the table
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    live = run.head_value
+    seen = live.total if isinstance(live, LiveStream) else None
+    change: asyncio.Future[Any]
+    while not task.done():
+        live = run.head_value
+        if isinstance(live, LiveStream):
+            if seen is None or live.total > seen:
+                return  # the stream began, or has new events
+            change = task if live.finished else asyncio.ensure_future(live.changed())
+        elif run.head.done():
+            change = task  # a whole answer: changed when it is stored (or released)
+        else:
+            change = run.head  # not begun: its head, or its end, is the change
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            await asyncio.wait({change, task}, timeout=remaining, return_when=FIRST_COMPLETED)
+        finally:
+            if change is not task and change is not run.head:
+                change.cancel()  # only the waiter made here
 
 
 Handler = Callable[["Gateway", Scope, Receive, Send, str], Awaitable[None]]
@@ -194,8 +229,10 @@ async def _status(gateway: Gateway, scope: Scope, receive: Receive, send: Send, 
     else:
         document["upstream_request_id"] = await stored_request_id(gateway.store, record)
     if local is not None and isinstance(local.head_value, LiveStream):
-        # Fresher than the store, which is written in batches.
-        document["events"] = len(local.head_value.events)
+        # Fresher than the store, which is written in batches: every event the
+        # upstream sent so far (what its clients have, or are being sent), not
+        # the window still in memory, which shrinks as batches are stored.
+        document["events"] = local.head_value.total
     document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
     await send_json(send, 200, document)
 
