@@ -4,6 +4,8 @@
 
     PayonceError
     ├── ConfigError (ValueError)               bad flag, env var or config file: exit code 2
+    ├── StorageError (ConnectionError)         a store could not answer; its message is
+    │   └── StorageTimeout (TimeoutError)      for the operator's log, never for a caller
     ├── ProblemError                           answered as application/problem+json
     │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
@@ -32,7 +34,11 @@
     └── LeaseLost                               a fenced write lost its lease (internal)
 
 Third-party errors (sqlite3, aiohttp) are translated once, at the boundary of the
-module that calls them, with ``raise ... from exc``.
+module that calls them, with ``raise ... from exc``. Stores raise
+:class:`StorageError`, never a problem: its message names the store (an
+address, a file, a database number), which the gateway logs and maps, at its
+edge, to :class:`StoreUnavailable` or :class:`StoreTimeout` with a fixed detail
+(``payonce.gateway.store_failures``).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ __all__ = [
     "RequestInProgress",
     "RequestTimeout",
     "ShuttingDown",
+    "StorageError",
+    "StorageTimeout",
     "StoreTimeout",
     "StoreUnavailable",
     "TenantLimited",
@@ -79,6 +87,19 @@ class ConfigError(PayonceError, ValueError):
     """Invalid configuration. The CLI prints the message on one line and exits 2."""
 
     exit_code = 2
+
+
+class StorageError(PayonceError, ConnectionError):
+    """A store could not answer (connection refused or reset, a full disk, a bad database).
+
+    The message says why, in the store's own words, and names where the store
+    is: it is for the operator's log. Callers are answered a
+    :class:`StoreUnavailable` problem with a fixed detail instead.
+    """
+
+
+class StorageTimeout(StorageError, TimeoutError):
+    """A store did not answer in time (a stalled Redis, an SQLite lock held past ``?timeout=``)."""
 
 
 class LeaseLost(PayonceError):
@@ -239,6 +260,7 @@ class ShuttingDown(ProblemError, ConnectionError):
 
 class StoreUnavailable(ProblemError, ConnectionError):
     # docs/gateway.md, "Failure modes": with a key and no store, answer 503; never run unprotected.
+    # The answer to a StorageError: stores raise that, the gateway's edge this.
     status, slug, title, should_retry = (
         503,
         "store-unavailable",

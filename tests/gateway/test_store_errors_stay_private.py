@@ -14,6 +14,7 @@ URL, and the simulator as the upstream.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -22,6 +23,9 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from payonce.clock import ManualClock
+from payonce.errors import StorageError, StorageTimeout
+from payonce.gateway.store_failures import StoreFailures
 from tests.gateway.conftest import CHAT, GatewayFactory, Sim, chat
 from tests.support.processes import start_payonce
 from tests.support.redis import RedisServer, running_redis
@@ -68,8 +72,9 @@ def test_a_stalled_redis_is_a_fixed_problem_for_callers_and_a_log_line_for_the_o
     log = gateway.output()
     failure = f"Timeout reading from 127.0.0.1:{redis.port}"
     assert failure in log, log[-3000:]
-    # Once per distinct failure, not once per request.
-    assert log.count(failure) == 1, log[-3000:]
+    # Once per distinct failure, not once per request (five answered it).
+    answered = [line for line in log.splitlines() if failure in line and "answered 503" in line]
+    assert len(answered) == 1, log[-3000:]
     assert chat(gateway.url, "during").headers["idempotent-replayed"] == "false"
 
 
@@ -97,3 +102,25 @@ def test_a_redis_database_that_does_not_exist_is_not_named_to_callers(
         assert fresh_sim.billed() == 0
     finally:
         gateway.stop()
+
+
+def test_each_distinct_failure_is_logged_once_a_minute_without_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    failures = StoreFailures(clock, "redis://payonce:s3cret@10.1.2.3:6379/0")
+    stalled = StorageTimeout("Timeout reading from 10.1.2.3:6379 (auth s3cret)")
+    caplog.set_level(logging.WARNING, logger="payonce.gateway")
+    problems = [failures.answer(stalled) for _ in range(5)]
+    failures.answer(StorageError("DB index is out of range"))
+    assert {(p.status, p.slug, p.detail) for p in problems} == {
+        (503, "store-timeout", problems[0].detail)
+    }
+    clock.advance(61)
+    failures.answer(stalled)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3, lines
+    assert "Timeout reading from 10.1.2.3:6379 (auth ***)" in lines[0]
+    assert "DB index is out of range" in lines[1]
+    assert "4 more since the last line" in lines[2]
+    assert not any("s3cret" in line for line in lines)

@@ -24,7 +24,7 @@ from payonce.errors import (
     MethodNotAllowed,
     NotFound,
     RequestInProgress,
-    StoreUnavailable,
+    StorageError,
     Unauthorized,
 )
 from payonce.gateway.asgi import Receive, Scope, Send, send_json, send_response
@@ -199,9 +199,10 @@ async def _metrics(gateway: Gateway, scope: Scope, receive: Receive, send: Send,
 async def _health(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
     try:
         await gateway.store.ping()
-    except StoreUnavailable:
+    except StorageError as exc:
         if gateway.settings.on_store_failure != "open":
-            raise
+            raise  # answered at the edge, without the store's own words (gateway/app.py)
+        gateway.store_failures.note(exc, "health answered degraded")
         # Still serving, unprotected: a load balancer must not take every replica out.
         await send_json(send, 200, {"status": "degraded", "store": "unavailable"})
         return

@@ -39,7 +39,7 @@ from payonce.errors import (
     ProblemError,
     RequestInProgress,
     ShuttingDown,
-    StoreUnavailable,
+    StorageError,
     TenantLimited,
 )
 from payonce.gateway import admin
@@ -80,6 +80,7 @@ from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.sse import StreamId, not_asked_for_usage
+from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
@@ -172,6 +173,8 @@ class Gateway:
             ),
         )
         self.stopping = False  # set at SIGTERM (gateway/server.py)
+        # Storage errors, answered with a fixed problem and logged for the operator.
+        self.store_failures = StoreFailures(self.clock, settings.store)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
         # Per-tenant limits (gateway/limits.py), None when not configured.
@@ -195,6 +198,8 @@ class Gateway:
                 await admin.handle(self, scope, receive, send)
             except ProblemError as exc:
                 await problem_response(send, exc, scope["path"])
+            except StorageError as exc:
+                await problem_response(send, self.store_failures.answer(exc), scope["path"])
             except asyncio.CancelledError:  # a long poll (?wait=) open at shutdown
                 if not self.stopping:
                     raise
@@ -217,16 +222,20 @@ class Gateway:
             if not self.stopping:
                 raise
             await self._cut_at_shutdown(record, send, scope["path"])
-        except ProblemError as exc:
-            record.outcome = outcome_of(exc)
-            if isinstance(exc, TenantLimited):
-                observer.limited(exc)
+        except (ProblemError, StorageError) as exc:
+            # A store's own message names the store: callers get a fixed problem
+            # and the operator's log the message (gateway/store_failures.py).
+            error = exc if isinstance(exc, ProblemError) else self.store_failures.answer(exc)
+            record.outcome = outcome_of(error)
+            if isinstance(error, TenantLimited):
+                observer.limited(error)
             if record.response_started:
-                # An unkeyed stream whose upstream died: its head is gone, so
-                # the client can only be shown a broken body.
-                break_response(exc.detail)
+                # An unkeyed stream whose upstream died, or a stored stream the
+                # store stopped giving: its head is gone, so the client can only
+                # be shown a broken body.
+                break_response(error.detail)
             else:
-                await problem_response(send, exc, scope["path"])
+                await problem_response(send, error, scope["path"])
         except Exception as exc:
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             if record.response_started:
@@ -396,7 +405,7 @@ class Gateway:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
                 )
-            except StoreUnavailable as exc:
+            except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             if claim.status is ClaimStatus.ACQUIRED:
@@ -472,7 +481,7 @@ class Gateway:
                 )
             try:
                 await self.store.wait(tenant, key, remaining)
-            except StoreUnavailable as exc:
+            except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 

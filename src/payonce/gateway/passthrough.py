@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from payonce.config import GatewaySettings
-from payonce.errors import StoreUnavailable
+from payonce.errors import StorageError
 from payonce.gateway.asgi import Receive, Send
 from payonce.gateway.observing import Observer, UpstreamFacts, provider_request_id
 from payonce.gateway.relay import send_whole
@@ -66,7 +66,7 @@ class PassThrough:
         receive: Receive,
         send: Send,
         record: CallRecord,
-        error: StoreUnavailable,
+        error: StorageError,
     ) -> None:
         """``--on-store-failure open``: a keyed request forwarded as if it had no key.
 
