@@ -19,6 +19,8 @@
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
     │   ├── MethodNotAllowed                    405: /_payonce/ answers GET and HEAD only
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
+    │   ├── ExpectationFailed (ValueError)      417: an Expect other than 100-continue
+    │   ├── TransferCodingNotImplemented        501: a transfer coding besides chunked
     │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── TenantLimited                       429 + Retry-After: a per-tenant limit
@@ -50,6 +52,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigError",
     "CredentialRequired",
+    "ExpectationFailed",
     "FingerprintMismatch",
     "HeadersTooLarge",
     "IdempotencyKeyRequired",
@@ -71,6 +74,7 @@ __all__ = [
     "TenantLimited",
     "TooManyInFlight",
     "TooManyNewKeys",
+    "TransferCodingNotImplemented",
     "Unauthorized",
     "UpstreamTimeout",
     "UpstreamUnavailable",
@@ -178,6 +182,27 @@ class RequestTimeout(ProblemError, TimeoutError):
     # request in the time it was prepared to wait. Nothing ran, so repeating the
     # request is safe (the client "MAY repeat that request").
     status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
+
+
+class ExpectationFailed(ProblemError, ValueError):
+    # RFC 9110 section 10.1.1: a server that receives an Expect other than
+    # 100-continue MAY answer 417. The gateway reads the whole body before it
+    # forwards anything, so it can meet no other expectation; forwarded, the
+    # upstream's own 417 (plain text) was relayed, and keyed, stored.
+    # Answered by the connection itself, like 431.
+    status, slug, title, should_retry = 417, "expectation-failed", "Expectation failed", False
+
+
+class TransferCodingNotImplemented(ProblemError):
+    # RFC 9112 section 6.1: a server that receives a request with a transfer
+    # coding it does not understand SHOULD answer 501. The gateway does not
+    # decode gzip or deflate bodies: de-chunked, they went upstream still encoded.
+    status, slug, title, should_retry = (
+        501,
+        "transfer-coding-not-implemented",
+        "Transfer coding not implemented",
+        False,
+    )
 
 
 class BadQuery(ProblemError, ValueError):

@@ -135,6 +135,7 @@ def test_the_key_in_the_path_is_read_as_the_header_is(gateway: Process, fresh_si
         request = urllib.request.Request(f"{gateway.url}/_payonce/requests/{bad}", headers=AUTH)
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
+        refused.value.close()
         assert refused.value.code == 400, bad
         assert refused.value.headers["content-type"] == "application/problem+json"
 
@@ -169,6 +170,7 @@ def test_a_head_tells_the_length_a_get_would_have(
         )
         with pytest.raises(urllib.error.HTTPError) as unknown:
             urllib.request.urlopen(status_request, timeout=30)
+        unknown.value.close()
         assert unknown.value.code == 404
         # The same key on a GET is a new key, not a mismatch with the HEAD.
         request = urllib.request.Request(

@@ -14,13 +14,12 @@ from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs
 
 from payonce.errors import (
     Abandoned,
     BadQuery,
     CredentialRequired,
-    InvalidIdempotencyKey,
     MethodNotAllowed,
     NotFound,
     RequestInProgress,
@@ -28,7 +27,7 @@ from payonce.errors import (
     Unauthorized,
 )
 from payonce.gateway.asgi import Receive, Scope, Send, send_json, send_response
-from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
+from payonce.gateway.keys import ANONYMOUS, parse_path_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import stored_request_id
 from payonce.gateway.openapi import MAX_WAIT, openapi_json
@@ -92,15 +91,6 @@ def _check_metrics_token(gateway: Gateway, headers: list[tuple[bytes, bytes]]) -
         if name == b"authorization" and hmac.compare_digest(value, expected):
             return
     raise Unauthorized("GET /_payonce/metrics needs Authorization: Bearer <--metrics-token>")
-
-
-def _key_from_path(segment: str) -> str:
-    key = unquote(segment)
-    if not 1 <= len(key) <= MAX_KEY_LENGTH or any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
-        raise InvalidIdempotencyKey(
-            f"the key in the path must be 1-{MAX_KEY_LENGTH} printable ASCII characters"
-        )
-    return key
 
 
 def _wait_seconds(query: bytes) -> float:
@@ -298,4 +288,4 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
     if found is None:
         raise NotFound(f"{scope['path']} is not a payonce endpoint")
     handler, raw_key = found
-    await handler(gateway, scope, receive, send, _key_from_path(raw_key) if raw_key else "")
+    await handler(gateway, scope, receive, send, parse_path_key(raw_key) if raw_key else "")

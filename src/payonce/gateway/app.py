@@ -320,11 +320,17 @@ class Gateway:
         """Answer one proxied request; returns the keyed run it started, if any."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = read_key(headers, self._key_headers)
-        record.key = key
         if key is None and self.settings.require_key:
             raise IdempotencyKeyRequired(
                 "this gateway requires an Idempotency-Key header on every request"
             )
+        if key is not None and scope["method"] == "HEAD":
+            # A HEAD is safe (RFC 9110 section 9.2.1): it changes nothing upstream,
+            # bills nothing and has no body to store. It is forwarded as if it had
+            # no key: nothing claimed or stored, so the same key on the GET or POST
+            # it probes is a new key there, not a 422 against a stored HEAD.
+            key = None
+        record.key = key
         if key is not None and self.settings.require_credential:
             # Before the body is read: nothing of an anonymous keyed request is used.
             record.tenant = record.tenant or self.tenant(headers)
