@@ -222,6 +222,14 @@ class GatewaySettings:
             _check_tls(self.tls_cert, self.tls_key)
 
 
+class _EncryptedKey(Exception):
+    """The TLS key asked for a pass phrase (raised by the password callback)."""
+
+
+def _no_pass_phrase() -> bytes:
+    raise _EncryptedKey
+
+
 def _check_tls(cert: str | None, key: str | None) -> None:
     """Load the certificate and key once, so a bad pair fails at start-up in one line."""
     if cert is None or key is None:
@@ -230,7 +238,16 @@ def _check_tls(cert: str | None, key: str | None) -> None:
         if not Path(path).is_file():
             raise ConfigError(f"{flag}: {path} is not a file")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        # An encrypted key makes OpenSSL ask for its pass phrase, on the terminal or
+        # on standard input, unless a password callback answers: this one refuses, so
+        # start-up never waits for a person (a service has nobody at its terminal).
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, _no_pass_phrase)
+    except _EncryptedKey:
+        raise ConfigError(
+            f"--tls-key: {key} is encrypted (it needs a pass phrase); give the gateway"
+            f" an unencrypted PEM private key, e.g. openssl pkey -in {key} -out <file>,"
+            " kept readable by the gateway's user only"
+        ) from None
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(
             f"--tls-cert/--tls-key: cannot use {cert} with {key}: {exc}"

@@ -4,6 +4,8 @@
 
     PayonceError
     ├── ConfigError (ValueError)               bad flag, env var or config file: exit code 2
+    ├── StorageError (ConnectionError)         a store could not answer; its message is
+    │   └── StorageTimeout (TimeoutError)      for the operator's log, never for a caller
     ├── ProblemError                           answered as application/problem+json
     │   ├── InvalidIdempotencyKey (ValueError)  400, never retry
     │   ├── IdempotencyKeyRequired (ValueError) 400, never retry
@@ -17,6 +19,8 @@
     │   ├── Abandoned (LookupError)             404: its holder died; re-send with the key
     │   ├── MethodNotAllowed                    405: /_payonce/ answers GET and HEAD only
     │   ├── RequestTimeout (TimeoutError)       408: the request did not arrive in time
+    │   ├── ExpectationFailed (ValueError)      417: an Expect other than 100-continue
+    │   ├── TransferCodingNotImplemented        501: a transfer coding besides chunked
     │   ├── HeadersTooLarge (ValueError)        431, never retry
     │   ├── RequestInProgress                   409 + Retry-After: retry later
     │   ├── TenantLimited                       429 + Retry-After: a per-tenant limit
@@ -33,7 +37,11 @@
     └── LeaseLost                               a fenced write lost its lease (internal)
 
 Third-party errors (sqlite3, aiohttp) are translated once, at the boundary of the
-module that calls them, with ``raise ... from exc``.
+module that calls them, with ``raise ... from exc``. Stores raise
+:class:`StorageError`, never a problem: its message names the store (an
+address, a file, a database number), which the gateway logs and maps, at its
+edge, to :class:`StoreUnavailable` or :class:`StoreTimeout` with a fixed detail
+(``payonce.gateway.store_failures``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigError",
     "CredentialRequired",
+    "ExpectationFailed",
     "FingerprintMismatch",
     "HeadersTooLarge",
     "IdempotencyKeyRequired",
@@ -59,12 +68,15 @@ __all__ = [
     "RequestInProgress",
     "RequestTimeout",
     "ShuttingDown",
+    "StorageError",
+    "StorageTimeout",
     "StoreTimeout",
     "StoreUnavailable",
     "StreamNotResumable",
     "TenantLimited",
     "TooManyInFlight",
     "TooManyNewKeys",
+    "TransferCodingNotImplemented",
     "Unauthorized",
     "UpstreamTimeout",
     "UpstreamUnavailable",
@@ -81,6 +93,19 @@ class ConfigError(PayonceError, ValueError):
     """Invalid configuration. The CLI prints the message on one line and exits 2."""
 
     exit_code = 2
+
+
+class StorageError(PayonceError, ConnectionError):
+    """A store could not answer (connection refused or reset, a full disk, a bad database).
+
+    The message says why, in the store's own words, and names where the store
+    is: it is for the operator's log. Callers are answered a
+    :class:`StoreUnavailable` problem with a fixed detail instead.
+    """
+
+
+class StorageTimeout(StorageError, TimeoutError):
+    """A store did not answer in time (a stalled Redis, an SQLite lock held past ``?timeout=``)."""
 
 
 class LeaseLost(PayonceError):
@@ -159,6 +184,27 @@ class RequestTimeout(ProblemError, TimeoutError):
     # request in the time it was prepared to wait. Nothing ran, so repeating the
     # request is safe (the client "MAY repeat that request").
     status, slug, title, should_retry = 408, "request-timeout", "Request timeout", True
+
+
+class ExpectationFailed(ProblemError, ValueError):
+    # RFC 9110 section 10.1.1: a server that receives an Expect other than
+    # 100-continue MAY answer 417. The gateway reads the whole body before it
+    # forwards anything, so it can meet no other expectation; forwarded, the
+    # upstream's own 417 (plain text) was relayed, and keyed, stored.
+    # Answered by the connection itself, like 431.
+    status, slug, title, should_retry = 417, "expectation-failed", "Expectation failed", False
+
+
+class TransferCodingNotImplemented(ProblemError):
+    # RFC 9112 section 6.1: a server that receives a request with a transfer
+    # coding it does not understand SHOULD answer 501. The gateway does not
+    # decode gzip or deflate bodies: de-chunked, they went upstream still encoded.
+    status, slug, title, should_retry = (
+        501,
+        "transfer-coding-not-implemented",
+        "Transfer coding not implemented",
+        False,
+    )
 
 
 class BadQuery(ProblemError, ValueError):
@@ -257,6 +303,7 @@ class ShuttingDown(ProblemError, ConnectionError):
 
 class StoreUnavailable(ProblemError, ConnectionError):
     # docs/gateway.md, "Failure modes": with a key and no store, answer 503; never run unprotected.
+    # The answer to a StorageError: stores raise that, the gateway's edge this.
     status, slug, title, should_retry = (
         503,
         "store-unavailable",

@@ -298,6 +298,83 @@ def _(gateway: Process, sim: Sim) -> None:
         assert b"problems.md#malformed-request" in answer and b"connection: close" in answer
 
 
+def _raw(gateway: Process, data: bytes) -> bytes:
+    port = int(gateway.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@row("`Transfer-Encoding: gzip, chunked` (a coding besides chunked)")
+def _(gateway: Process, sim: Sim) -> None:
+    before = sim.requests()
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    for coding, status, slug in (
+        (b"gzip, chunked", 501, b"transfer-coding-not-implemented"),
+        (b"gzip", 400, b"malformed-request"),
+        (b"chunked, chunked", 400, b"malformed-request"),
+    ):
+        answer = _raw(
+            gateway, start + b"Transfer-Encoding: " + coding + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:100]
+        assert b"problems.md#" + slug in answer and b"connection: close" in answer
+    assert sim.requests() == before
+
+
+@row("an HTTP/1.1 request without `Host`, with two, or with an empty one")
+def _(gateway: Process, sim: Sim) -> None:
+    before = sim.requests()
+    for hosts in (b"", b"Host: a\r\nHost: b\r\n", b"Host: \r\n"):
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\n"
+            + hosts
+            + b"Content-Type: application/json\r\n"
+        )
+        answer = exchange(gateway, head)
+        assert problem_type(answer) == (400, "malformed-request"), hosts
+    assert sim.requests() == before
+    status, _, body = exchange(gateway, b"POST /v1/chat/completions HTTP/1.0\r\n")
+    assert status == 200, body
+
+
+@row("`Expect` other than `100-continue` (`Expect: foo`, `100-continue, foo`)")
+def _(gateway: Process, sim: Sim) -> None:
+    before = sim.requests()
+    for value in (b"foo", b"100-continue, foo"):
+        for key in (None, fresh_key()):
+            answer = send(gateway, key, chat_with(b"1"), extra=[(b"Expect", value)])
+            assert problem_type(answer) == (417, "expectation-failed"), value
+    assert sim.requests() == before
+    status, _, body = send(gateway, None, chat_with(b"1"), extra=[(b"Expect", b"100-Continue")])
+    # The interim 100 Continue first, then the answer.
+    assert status == 100 and body.startswith(b"HTTP/1.1 200 "), body
+
+
+@row("a `HEAD` with an `Idempotency-Key`")
+def _(gateway: Process, sim: Sim) -> None:
+    length = len(httpx.get(sim.url + "/v1/models", timeout=10).content)
+    key = fresh_key().decode()
+    head = httpx.head(gateway.url + "/v1/models", headers={"Idempotency-Key": key}, timeout=10)
+    assert head.status_code == 200 and "idempotent-replayed" not in head.headers
+    assert head.headers["content-length"] == str(length)
+    get = httpx.get(gateway.url + "/v1/models", headers={"Idempotency-Key": key}, timeout=10)
+    assert get.headers["idempotent-replayed"] == "false", "a new key for the GET"
+
+
+@row('`/_payonce/requests/%22k1%22` (or `"k1"`)')
+def _(gateway: Process, sim: Sim) -> None:
+    key = fresh_key()
+    assert send(gateway, key, chat_with(b"1"))[0] == 200
+    headers = {"Authorization": AUTH.decode()}
+    for path in (b"%22" + key + b"%22", key, b'"' + key + b'"'):
+        status = httpx.get(f"{gateway.url}/_payonce/requests/{path.decode()}", headers=headers)
+        assert status.json()["key"] == key.decode(), path
+
+
 @row("a head over 64 KiB, or more than 100 header fields (repeated keys count)")
 def _(gateway: Process, sim: Sim) -> None:
     assert problem_type(exchange(gateway, request([(b"X-Big", b"b" * 70_000)]))) == (

@@ -24,7 +24,7 @@ from payonce.sim.ledger import CSV_FIELDS
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.exposition import metric
 from tests.support.processes import Process
-from tests.support.waiting import wait_until
+from tests.support.waiting import settled_record, wait_until
 
 SLOW = {"X-Sim-Delay-Ms": "2000"}
 
@@ -52,8 +52,7 @@ def _bill(sim: Sim, path: Path) -> Path:
 
 
 def _settled(gateway: Process, key: str) -> None:
-    status = httpx.get(f"{gateway.url}/_payonce/requests/{key}?wait=10", headers=AUTH, timeout=15)
-    assert status.json()["state"] == "completed"
+    assert settled_record(gateway.url, key, AUTH)["state"] == "completed"
 
 
 def test_a_keyed_client_that_left_is_logged_499_with_the_upstream_call_it_paid_for(

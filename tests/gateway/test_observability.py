@@ -16,6 +16,7 @@ import pytest
 from payonce.observe.pricing import PRICES
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.exposition import metric
+from tests.support.waiting import settled_record
 
 NO_PACING = {"X-Sim-Token-Ms": "0"}
 
@@ -138,7 +139,7 @@ def test_known_token_counts_give_exactly_the_expected_cost(
     ) as response:
         assert response.status_code == 200
         response.read()
-    doc = httpx.get(f"{gateway.url}/_payonce/requests/{key}?wait=10", headers=headers).json()
+    doc = settled_record(gateway.url, key, headers)
     entry = fresh_sim.ledger()["entries"][0]
     assert doc["usage"]["input_tokens"] == entry["input_tokens"]
     assert doc["usage"]["output_tokens"] == entry["output_tokens"]

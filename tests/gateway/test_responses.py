@@ -24,6 +24,7 @@ from tests.gateway.conftest import GatewayFactory, Sim
 from tests.support.exposition import metric
 from tests.support.processes import Process
 from tests.support.sse import read_stream
+from tests.support.waiting import settled_record
 
 API_KEY = "sk-test-responses"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -42,9 +43,7 @@ def keyed(key: str, **headers: str) -> dict[str, str]:
 
 
 def wait_completed(gateway: Process, key: str) -> dict[str, Any]:
-    doc = httpx.get(
-        f"{gateway.url}/_payonce/requests/{key}?wait=30", headers=HEADERS, timeout=40
-    ).json()
+    doc = settled_record(gateway.url, key, HEADERS)
     assert doc["state"] == "completed", doc
     return dict(doc)
 

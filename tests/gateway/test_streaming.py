@@ -14,6 +14,7 @@ import pytest
 from tests.gateway.conftest import AUTH, GatewayFactory, Sim
 from tests.support.processes import Process
 from tests.support.sse import read_stream
+from tests.support.waiting import settled_record
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about retries and invoices."}]
 SLOW = {"X-Sim-Token-Ms": "20"}  # 20 ms per token: a stream of a couple of seconds
@@ -42,9 +43,7 @@ def stream_text(client: openai.OpenAI, key: str | None = None, **extra: object) 
 def wait_completed(
     gateway: Process, key: str, headers: dict[str, str] | None = None
 ) -> dict[str, object]:
-    doc = httpx.get(
-        f"{gateway.url}/_payonce/requests/{key}?wait=30", headers=headers or AUTH, timeout=40
-    ).json()
+    doc = settled_record(gateway.url, key, headers or AUTH)
     assert doc["state"] == "completed", doc
     return dict(doc)
 

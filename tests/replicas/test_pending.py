@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from payonce.clock import ManualClock
-from payonce.errors import StoreUnavailable
+from payonce.errors import StorageError
 from payonce.gateway.pending import PendingWrites
 from payonce.store import ClaimStatus, MemoryStore, RecordState, StoredResponse
 
@@ -23,7 +23,7 @@ class Outage:
     def guard(self, write: Callable[[], Awaitable[bool]]) -> Callable[[], Awaitable[bool]]:
         async def attempt() -> bool:
             if self.down:
-                raise StoreUnavailable("the store is down")
+                raise StorageError("the store is down")
             return await write()
 
         return attempt

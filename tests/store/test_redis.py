@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from payonce.clock import ManualClock, SystemClock
-from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
+from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store import (
     ClaimStatus,
     Record,
@@ -85,7 +85,7 @@ def test_bad_redis_urls_are_config_errors(url: str, message: str) -> None:
 async def test_open_store_opens_redis_without_connecting() -> None:
     store = open_store("redis://127.0.0.1:1/0")  # nothing listens on port 1
     assert isinstance(store, RedisStore)
-    with pytest.raises(StoreUnavailable):
+    with pytest.raises(StorageError):
         await store.ping()
     await store.close()
 
@@ -197,7 +197,7 @@ async def test_an_outage_fails_fast_and_a_restart_needs_no_gateway_restart(
         store.ping(),
     ]
     for operation in operations:
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(StorageError):
             await operation
     assert time.monotonic() - started < 2, "connection refused is reported at once"
     own_server.start()
@@ -221,7 +221,7 @@ async def test_a_slow_server_is_a_store_timeout(redis_server: RedisServer) -> No
     await store.ping()
     assert command(redis_server.port, "CLIENT", "PAUSE", "1000", "WRITE").startswith("+OK")
     try:
-        with pytest.raises(StoreTimeout):
+        with pytest.raises(StorageTimeout):
             await store.claim("t", "k", "fp", lease=30, ttl=60)
     finally:
         command(redis_server.port, "CLIENT", "UNPAUSE")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from payonce.clock import ManualClock
-from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
+from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store import Claim, ClaimStatus, SQLiteStore, StoredResponse, open_store
 from payonce.store.group_commit import GroupCommit
 from payonce.store.sqlite import PURGE_CHUNK
@@ -62,7 +62,7 @@ async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path
         ),
         return_exceptions=True,
     )
-    assert all(isinstance(r, StoreTimeout) for r in results)
+    assert all(isinstance(r, StorageTimeout) for r in results)
     locker.execute("ROLLBACK")
     locker.close()
     for i in range(5):
@@ -186,7 +186,7 @@ async def test_batches_that_wait_for_a_lock_commit_in_their_order(tmp_path: Path
     db = sqlite3.connect(path, isolation_level=None, timeout=0)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
-    writes = GroupCommit(db, lambda exc: StoreTimeout(str(exc)), timeout=10)
+    writes = GroupCommit(db, lambda exc: StorageTimeout(str(exc)), timeout=10)
     locker = sqlite3.connect(path, isolation_level=None)
     locker.execute("BEGIN IMMEDIATE")
     first = writes.submit("INSERT INTO t VALUES ('x', 1)", (), fetch=False)
@@ -237,7 +237,7 @@ async def test_a_lock_held_past_the_timeout_fails_the_batch_and_keeps_nothing(
         *(store.claim("t", f"k{i}", "fp", lease=30, ttl=60) for i in range(3)),
         return_exceptions=True,
     )
-    assert all(isinstance(r, StoreTimeout) for r in results), results
+    assert all(isinstance(r, StorageTimeout) for r in results), results
     locker.execute("ROLLBACK")
     locker.close()
     assert [await store.get("t", f"k{i}") for i in range(3)] == [None] * 3
@@ -268,7 +268,7 @@ async def test_reads_that_meet_a_lock_are_retried_until_the_timeout(tmp_path: Pa
     record = await store.get("t", "k")
     assert record is not None and record.token == claimed.record.token
     make_flaky(store, lambda sql, n: sql.startswith("SELECT"))
-    with pytest.raises(StoreTimeout):
+    with pytest.raises(StorageTimeout):
         await store.read_events("t", "k")
     await store.close()
 
@@ -315,7 +315,7 @@ async def test_closing_fails_the_writes_still_waiting_for_a_lock(tmp_path: Path)
     waiting = asyncio.create_task(store.claim("t", "k", "fp", lease=30, ttl=60))
     await asyncio.sleep(0.05)
     await store.close()
-    with pytest.raises(StoreUnavailable, match="closed"):
+    with pytest.raises(StorageError, match="closed"):
         await waiting
     locker.execute("ROLLBACK")
     locker.close()

@@ -8,24 +8,23 @@ result by guessing its key (draft-ietf-httpapi-idempotency-key-header, section 6
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import math
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 from payonce.errors import (
     Abandoned,
     BadQuery,
     CredentialRequired,
-    InvalidIdempotencyKey,
     MethodNotAllowed,
     NotFound,
     ProblemError,
     RequestInProgress,
-    StoreUnavailable,
+    StorageError,
     Unauthorized,
 )
 from payonce.gateway.asgi import (
@@ -36,7 +35,7 @@ from payonce.gateway.asgi import (
     send_json,
     send_response,
 )
-from payonce.gateway.keys import ANONYMOUS, MAX_KEY_LENGTH
+from payonce.gateway.keys import ANONYMOUS, parse_path_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import outcome_of, stored_facts, stored_request_id
 from payonce.gateway.openapi import MAX_WAIT, openapi_json
@@ -46,6 +45,7 @@ from payonce.store import Record, RecordState
 
 if TYPE_CHECKING:
     from payonce.gateway.app import Gateway
+    from payonce.gateway.execution import Execution
 
 __all__ = ["ALLOWED_METHODS", "ROUTES", "handle", "record_document"]
 
@@ -101,15 +101,6 @@ def _check_metrics_token(gateway: Gateway, headers: list[tuple[bytes, bytes]]) -
     raise Unauthorized("GET /_payonce/metrics needs Authorization: Bearer <--metrics-token>")
 
 
-def _key_from_path(segment: str) -> str:
-    key = unquote(segment)
-    if not 1 <= len(key) <= MAX_KEY_LENGTH or any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
-        raise InvalidIdempotencyKey(
-            f"the key in the path must be 1-{MAX_KEY_LENGTH} printable ASCII characters"
-        )
-    return key
-
-
 def _wait_seconds(query: bytes) -> float:
     values = parse_qs(query.decode("latin-1")).get("wait")
     if not values:
@@ -133,9 +124,7 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
     if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
         local = gateway.running.get((tenant, key))
         if local is not None:
-            with contextlib.suppress(TimeoutError):
-                assert local.task is not None  # the whole run, streams included
-                await asyncio.wait_for(asyncio.shield(local.task), wait)
+            await _local_change(local, wait)
             record = await gateway.store.get(tenant, key)
         else:
             record = await gateway.store.wait(tenant, key, wait)
@@ -143,6 +132,42 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
         # Never seen, expired, or released after a failure: a retry with this key runs again.
         raise NotFound(f"no record for Idempotency-Key {key!r} for this credential")
     return record
+
+
+async def _local_change(run: Execution, wait: float) -> None:
+    """Until the run this process owns changes, or ``wait`` seconds pass.
+
+    A change is what the store would show another process: the run ends
+    (completed or released), its stream begins, or its stream has events past
+    those it had when the wait began. A stream that has ended but is not yet
+    completed in the store waits for its run, so the answer says ``completed``.
+    The run's task is awaited through :func:`asyncio.wait`, never cancelled.
+    """
+    task = run.task
+    assert task is not None  # set as the run starts, before it is in the table
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    live = run.head_value
+    seen = live.total if isinstance(live, LiveStream) else None
+    change: asyncio.Future[Any]
+    while not task.done():
+        live = run.head_value
+        if isinstance(live, LiveStream):
+            if seen is None or live.total > seen:
+                return  # the stream began, or has new events
+            change = task if live.finished else asyncio.ensure_future(live.changed())
+        elif run.head.done():
+            change = task  # a whole answer: changed when it is stored (or released)
+        else:
+            change = run.head  # not begun: its head, or its end, is the change
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            await asyncio.wait({change, task}, timeout=remaining, return_when=FIRST_COMPLETED)
+        finally:
+            if change is not task and change is not run.head:
+                change.cancel()  # only the waiter made here
 
 
 Handler = Callable[["Gateway", Scope, Receive, Send, str], Awaitable[None]]
@@ -172,9 +197,10 @@ async def _metrics(gateway: Gateway, scope: Scope, receive: Receive, send: Send,
 async def _health(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
     try:
         await gateway.store.ping()
-    except StoreUnavailable:
+    except StorageError as exc:
         if gateway.settings.on_store_failure != "open":
-            raise
+            raise  # answered at the edge, without the store's own words (gateway/app.py)
+        gateway.store_failures.note(exc, "health answered degraded")
         # Still serving, unprotected: a load balancer must not take every replica out.
         await send_json(send, 200, {"status": "degraded", "store": "unavailable"})
         return
@@ -202,8 +228,10 @@ async def _status(gateway: Gateway, scope: Scope, receive: Receive, send: Send, 
     else:
         document["upstream_request_id"] = await stored_request_id(gateway.store, record)
     if local is not None and isinstance(local.head_value, LiveStream):
-        # Fresher than the store, which is written in batches.
-        document["events"] = len(local.head_value.events)
+        # Fresher than the store, which is written in batches: every event the
+        # upstream sent so far (what its clients have, or are being sent), not
+        # the window still in memory, which shrinks as batches are stored.
+        document["events"] = local.head_value.total
     document["replays"] = record.replays + gateway.replay_counts.pending(tenant, key)
     await send_json(send, 200, document)
 
@@ -303,4 +331,4 @@ async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
     if found is None:
         raise NotFound(f"{scope['path']} is not a payonce endpoint")
     handler, raw_key = found
-    await handler(gateway, scope, receive, send, _key_from_path(raw_key) if raw_key else "")
+    await handler(gateway, scope, receive, send, parse_path_key(raw_key) if raw_key else "")

@@ -41,7 +41,7 @@ from payonce.errors import (
     ProblemError,
     RequestInProgress,
     ShuttingDown,
-    StoreUnavailable,
+    StorageError,
     TenantLimited,
 )
 from payonce.gateway import admin
@@ -83,6 +83,7 @@ from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.resume import find_run
 from payonce.gateway.sse import LastEventId, StreamId, not_asked_for_usage, read_last_event_id
+from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
@@ -163,6 +164,8 @@ class Gateway:
             ),
         )
         self.stopping = False  # set at SIGTERM (gateway/server.py)
+        # Storage errors, answered with a fixed problem and logged for the operator.
+        self.store_failures = StoreFailures(self.clock, settings.store)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
         self.running: dict[tuple[str, str], Execution] = {}
         # Per-tenant limits (gateway/limits.py), None when not configured.
@@ -186,6 +189,8 @@ class Gateway:
                 await admin.handle(self, scope, receive, send)
             except ProblemError as exc:
                 await problem_response(send, exc, scope["path"])
+            except StorageError as exc:
+                await problem_response(send, self.store_failures.answer(exc), scope["path"])
             except asyncio.CancelledError:  # a long poll (?wait=) open at shutdown
                 if not self.stopping:
                     raise
@@ -208,16 +213,20 @@ class Gateway:
             if not self.stopping:
                 raise
             await self._cut_at_shutdown(record, send, scope["path"])
-        except ProblemError as exc:
-            record.outcome = outcome_of(exc)
-            if isinstance(exc, TenantLimited):
-                observer.limited(exc)
+        except (ProblemError, StorageError) as exc:
+            # A store's own message names the store: callers get a fixed problem
+            # and the operator's log the message (gateway/store_failures.py).
+            error = exc if isinstance(exc, ProblemError) else self.store_failures.answer(exc)
+            record.outcome = outcome_of(error)
+            if isinstance(error, TenantLimited):
+                observer.limited(error)
             if record.response_started:
-                # An unkeyed stream whose upstream died: its head is gone, so
-                # the client can only be shown a broken body.
-                break_response(exc.detail)
+                # An unkeyed stream whose upstream died, or a stored stream the
+                # store stopped giving: its head is gone, so the client can only
+                # be shown a broken body.
+                break_response(error.detail)
             else:
-                await problem_response(send, exc, scope["path"])
+                await problem_response(send, error, scope["path"])
         except Exception as exc:
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             if record.response_started:
@@ -302,11 +311,17 @@ class Gateway:
         """Answer one proxied request; returns the keyed run it started, if any."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         key = read_key(headers, self._key_headers)
-        record.key = key
         if key is None and self.settings.require_key:
             raise IdempotencyKeyRequired(
                 "this gateway requires an Idempotency-Key header on every request"
             )
+        if key is not None and scope["method"] == "HEAD":
+            # A HEAD is safe (RFC 9110 section 9.2.1): it changes nothing upstream,
+            # bills nothing and has no body to store. It is forwarded as if it had
+            # no key: nothing claimed or stored, so the same key on the GET or POST
+            # it probes is a new key there, not a 422 against a stored HEAD.
+            key = None
+        record.key = key
         if key is not None and self.settings.require_credential:
             # Before the body is read: nothing of an anonymous keyed request is used.
             record.tenant = record.tenant or self.tenant(headers)
@@ -392,7 +407,7 @@ class Gateway:
                 claim = await self.store.claim(
                     tenant, key, print_, lease=settings.lease, ttl=settings.ttl
                 )
-            except StoreUnavailable as exc:
+            except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             if claim.status is ClaimStatus.ACQUIRED:
@@ -444,7 +459,7 @@ class Gateway:
                 )
             try:
                 await self.store.wait(tenant, key, remaining)
-            except StoreUnavailable as exc:
+            except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
 

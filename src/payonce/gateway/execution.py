@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from payonce.errors import ProblemError, StoreUnavailable
+from payonce.errors import ProblemError, StorageError
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts, provider_request_id
 from payonce.gateway.pending import PendingWrites
@@ -119,7 +119,7 @@ async def _renew(
 ) -> None:
     try:
         held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
-    except StoreUnavailable as exc:
+    except StorageError as exc:
         log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
         return
     if not held and running.get(name) is execution:
@@ -269,7 +269,7 @@ async def _settle(
     )
     try:
         stored = await complete()
-    except StoreUnavailable as exc:
+    except StorageError as exc:
         # The client still gets its answer. The write is retried once the store
         # is back (gateway/pending.py); if that is too late, the lease lapses and
         # a later retry runs again.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from urllib.parse import unquote_to_bytes
 
 import orjson
 
@@ -23,6 +24,7 @@ __all__ = [
     "fingerprint",
     "is_json",
     "parse_key",
+    "parse_path_key",
     "read_key",
     "tenant_of",
 ]
@@ -58,6 +60,29 @@ def parse_key(raw: bytes) -> str:
     if not 1 <= len(key) <= MAX_KEY_LENGTH:
         raise InvalidIdempotencyKey(
             f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters long, got {len(key)}"
+        )
+    return key
+
+
+def parse_path_key(segment: str) -> str:
+    """The key named by a ``/_payonce/requests/{key}`` path segment, read as the header is.
+
+    Percent-decoded first. A value that begins with a double quote is an RFC 8941
+    quoted string, as in the header: ``%22k1%22`` (or ``"k1"``) is the key ``k1``,
+    which the header ``Idempotency-Key: "k1"`` named. Anything else is the key as
+    it stands, 1-255 printable ASCII characters, spaces included: a key sent
+    quoted because of a space (``"order 42"``) is ``order%2042`` in the path. A
+    key that itself begins with a double quote is written quoted in the path too.
+    Raises :class:`InvalidIdempotencyKey` otherwise.
+    """
+    raw = unquote_to_bytes(segment)
+    if raw.startswith(b'"'):
+        return parse_key(raw)
+    key = raw.decode("latin-1")
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
+        raise InvalidIdempotencyKey(
+            f"the key in the path must be 1-{MAX_KEY_LENGTH} printable ASCII characters,"
+            ' or an RFC 8941 quoted string such as "order-42" (percent-encoded)'
         )
     return key
 

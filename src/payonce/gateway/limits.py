@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from payonce.config import GatewaySettings, parse_rate
-from payonce.errors import StoreUnavailable, TooManyInFlight, TooManyNewKeys
+from payonce.errors import StorageError, TooManyInFlight, TooManyNewKeys
 from payonce.gateway.execution import Execution
 from payonce.store import Store
 
@@ -218,7 +218,7 @@ async def refuse_new_key(new_keys: NewKeys, store: Store, tenant: str, key: str)
         return
     try:
         existing = await store.get(tenant, key)
-    except StoreUnavailable:
+    except StorageError:
         return  # the claim meets the outage too, and answers it as configured
     if existing is None:
         raise refusal

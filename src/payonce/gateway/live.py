@@ -73,6 +73,14 @@ class LiveStream:
             del self.events[: recorded - self.base]
             self.base = recorded
 
+    async def changed(self) -> None:
+        """Return at the next change: new events, or the stream's end.
+
+        For observers that relay nothing (the status endpoint's ``?wait=``): unlike
+        :meth:`follow`, waiting here does not count as a follower.
+        """
+        await self._changed.wait()
+
     def _wake(self) -> None:
         # One event object per generation of waiters: set it, then start a new one.
         self._changed.set()

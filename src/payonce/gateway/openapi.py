@@ -22,6 +22,7 @@ from payonce.errors import (
     Abandoned,
     BadQuery,
     CredentialRequired,
+    ExpectationFailed,
     HeadersTooLarge,
     InvalidIdempotencyKey,
     MalformedRequest,
@@ -33,6 +34,7 @@ from payonce.errors import (
     RequestTimeout,
     StoreTimeout,
     StoreUnavailable,
+    TransferCodingNotImplemented,
     Unauthorized,
 )
 from payonce.gateway.keys import MAX_KEY_LENGTH
@@ -46,7 +48,13 @@ Json = dict[str, Any]
 _Problems = tuple[str, tuple[type[ProblemError], ...]]
 
 # What the connection itself may answer on any path (gateway/protocol.py).
-_CONNECTION = (MalformedRequest, RequestTimeout, HeadersTooLarge)
+_CONNECTION = (
+    MalformedRequest,
+    RequestTimeout,
+    ExpectationFailed,
+    HeadersTooLarge,
+    TransferCodingNotImplemented,
+)
 
 
 def _slug_classes() -> dict[str, type[ProblemError]]:

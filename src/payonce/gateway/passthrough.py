@@ -16,13 +16,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from payonce.config import GatewaySettings
-from payonce.errors import StoreUnavailable
+from payonce.errors import StorageError
 from payonce.gateway.asgi import Receive, Send
 from payonce.gateway.observing import Observer, UpstreamFacts, provider_request_id
 from payonce.gateway.relay import send_whole
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import StreamId, is_event_stream
-from payonce.gateway.upstream import Upstream, UpstreamResponse
+from payonce.gateway.upstream import OpenResponse, Upstream, UpstreamResponse
 from payonce.observe.calllog import CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.pricing import cost_of
@@ -33,6 +33,21 @@ __all__ = ["VIA", "PassThrough"]
 log = logging.getLogger("payonce.gateway")
 
 VIA = (b"via", b"1.1 payonce")
+
+
+async def _send_head(send: Send, response: OpenResponse) -> None:
+    """The answer to a HEAD: the upstream's header fields, its Content-Length included.
+
+    RFC 9110 section 9.3.2: a HEAD's answer carries the fields a GET's would,
+    and its Content-Length is the length of the body a GET would get, not of
+    the empty body that follows (uvicorn sends none after a HEAD's head). An
+    upstream that declared no length gets none from the gateway either.
+    """
+    headers = [*response.raw_headers, VIA]
+    if response.declared_length is not None:
+        headers.append((b"content-length", response.declared_length))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 class PassThrough:
@@ -66,7 +81,7 @@ class PassThrough:
         receive: Receive,
         send: Send,
         record: CallRecord,
-        error: StoreUnavailable,
+        error: StorageError,
     ) -> None:
         """``--on-store-failure open``: a keyed request forwarded as if it had no key.
 
@@ -114,6 +129,9 @@ class PassThrough:
         ) as response:
             facts.status, facts.attempts = response.status, response.attempts
             facts.request_id = provider_request_id(response.headers)
+            if request.method == "HEAD":
+                await _send_head(send, response)
+                return
             if not is_event_stream(response.content_type):
                 body = await response.read()
                 facts.model, facts.usage, body_id = model_usage_and_id(body, response.headers)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from payonce.clock import Clock
-from payonce.errors import StoreUnavailable
+from payonce.errors import StorageError
 
 __all__ = ["PendingWrites"]
 
@@ -81,7 +81,7 @@ class PendingWrites:
                 continue
             try:
                 held = await pending.write()
-            except StoreUnavailable:
+            except StorageError:
                 return written  # still down: the next round tries again
             self._queue.popleft()
             written += 1

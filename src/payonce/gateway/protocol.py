@@ -19,7 +19,11 @@ connection, and answers by itself (the app never sees such a request):
   averaged over each ``--body-timeout`` window (so no pause may last a whole
   window), else 408 while the app has not answered yet. Windows in which the
   gateway itself stopped reading (flow control) do not count;
-* the keep-alive idle time is uvicorn's, ``--keep-alive-timeout``.
+* the keep-alive idle time is uvicorn's, ``--keep-alive-timeout``;
+* the framing RFC 9112 requires of a head: exactly one non-empty ``Host`` (none
+  needed in HTTP/1.0), else 400; no ``Expect`` but ``100-continue``, else 417; no
+  transfer coding but ``chunked``, else 501 (or 400 when the body's end cannot be
+  found) (:func:`_framing_refusal`).
 
 Lingering close. A response sent while the request body is still arriving ends
 the connection: it carries ``Connection: close`` (RFC 9112 section 9.6), and the
@@ -49,7 +53,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
 
-from payonce.errors import HeadersTooLarge, MalformedRequest, ProblemError, RequestTimeout
+from payonce.errors import (
+    ExpectationFailed,
+    HeadersTooLarge,
+    MalformedRequest,
+    ProblemError,
+    RequestTimeout,
+    TransferCodingNotImplemented,
+)
 from payonce.gateway.asgi import problem_document
 from payonce.gateway.uvicorn_internals import HttpToolsProtocol
 
@@ -104,6 +115,69 @@ def protocol_class(limits: HttpLimits) -> type[GatewayProtocol]:
 
     Configured.limits = limits
     return Configured
+
+
+# The fields _framing_refusal reads.
+_FRAMING_FIELDS = frozenset({b"host", b"expect", b"transfer-encoding"})
+
+
+def _members(value: bytes) -> list[bytes]:
+    """The members of a comma-separated field value, lowercase, without parameters."""
+    members = (member.partition(b";")[0].strip().lower() for member in value.split(b","))
+    return [member for member in members if member]
+
+
+def _framing_refusal(headers: list[tuple[bytes, bytes]], version: str) -> ProblemError | None:
+    """What is wrong with a request head the parser accepted, if anything.
+
+    * ``Host``: RFC 9112 section 3.2, a server MUST answer 400 to an HTTP/1.1
+      request without one, and to any request with more than one or an invalid
+      one (empty: an http URI always has a host);
+    * ``Expect``: the gateway meets ``100-continue`` (uvicorn sends the 100) and
+      nothing else, 417 (RFC 9110 section 10.1.1);
+    * ``Transfer-Encoding``: chunked is the one coding the gateway decodes; chunked
+      not last, or twice, leaves the body's end unknown (400, RFC 9112 section
+      6.3), any other coding is one it does not implement (501, section 6.1).
+
+    One pass and a set look-up per field over the fields uvicorn already holds
+    (names are lowercase): about 1 µs for the 16 fields a request from the
+    openai SDK carries, in the usual case of one ``Host`` and neither other.
+    """
+    watched = [field for field in headers if field[0] in _FRAMING_FIELDS]
+    if len(watched) == 1 and watched[0][0] == b"host" and watched[0][1].strip():
+        return None
+    hosts: list[bytes] = []
+    expect: list[bytes] = []
+    codings: list[bytes] = []
+    for name, value in watched:
+        if name == b"host":
+            hosts.append(value)
+        elif name == b"expect":
+            expect.extend(_members(value))
+        elif name == b"transfer-encoding":
+            codings.extend(_members(value))
+    if len(hosts) > 1 or (hosts and not hosts[0].strip()) or (not hosts and version != "1.0"):
+        return MalformedRequest(
+            "the request must carry exactly one Host header field with a value"
+            " (RFC 9112 section 3.2); it was not read further"
+        )
+    if any(member != b"100-continue" for member in expect):
+        return ExpectationFailed(
+            "this gateway meets no expectation but 100-continue (RFC 9110 section 10.1.1);"
+            " send the request without the Expect header field"
+        )
+    if codings and codings != [b"chunked"]:
+        if codings[-1] != b"chunked" or codings.count(b"chunked") > 1:
+            return MalformedRequest(
+                "Transfer-Encoding must end with chunked, once (RFC 9112 section 6.3);"
+                " the request was not read further"
+            )
+        return TransferCodingNotImplemented(
+            f"this gateway decodes no transfer coding but chunked, and the request has"
+            f" {b', '.join(codings).decode('latin-1')!r} (RFC 9112 section 6.1); send the"
+            " body chunked only, or with Content-Length"
+        )
+    return None
 
 
 class _Refused(Exception):
@@ -330,6 +404,10 @@ class GatewayProtocol(HttpToolsProtocol):
             if size > limits.max_header_bytes:
                 self._refusal = self._too_large()
                 raise _Refused
+        refusal = _framing_refusal(self.headers, self.parser.get_http_version())
+        if refusal is not None:
+            self._refusal = refusal
+            raise _Refused
         self._phase = _BODY
         super().on_headers_complete()
         cycle = self.cycle

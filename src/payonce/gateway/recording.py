@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import Callable
 
-from payonce.errors import ProblemError, StoreUnavailable
+from payonce.errors import ProblemError, StorageError
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.pending import PendingWrites
@@ -48,7 +48,7 @@ async def release_quietly(
     """Release the key; if the store is down, leave the release to ``pending`` (retried)."""
     try:
         await store.release(tenant, key, token)
-    except StoreUnavailable as exc:
+    except StorageError as exc:
         log.error("could not release key %r (retried when the store is back): %s", key, exc)
         if pending is not None:
             pending.add("release", key, functools.partial(store.release, tenant, key, token), until)
@@ -84,7 +84,7 @@ class _Recorder:
     async def _begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         try:
             held = await self.store.begin_stream(self.tenant, self.key, self.token, status, headers)
-        except StoreUnavailable as exc:
+        except StorageError as exc:
             log.error("cannot record the stream of key %r: %s", self.key, exc)
             held = False
         # Events may have passed --max-stored-body meanwhile: that stop stands.
@@ -121,7 +121,7 @@ class _Recorder:
             held = await self.store.append_events(
                 self.tenant, self.key, self.token, self.recorded + 1, batch
             )
-        except StoreUnavailable as exc:
+        except StorageError as exc:
             log.error("stopped recording the stream of key %r: %s", self.key, exc)
             held = False
         if held:
@@ -202,7 +202,7 @@ async def record_stream(
             cost_usd=facts.cost_usd,
             replays=joined(),
         )
-    except StoreUnavailable as exc:
+    except StorageError as exc:
         log.error("could not complete the stream of key %r (retried later): %s", key, exc)
         if pending is not None:
             late = functools.partial(

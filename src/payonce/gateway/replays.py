@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from payonce.clock import Clock
-from payonce.errors import StoreUnavailable
+from payonce.errors import StorageError
 from payonce.gateway.observing import UpstreamFacts
 from payonce.store import Store, StoredResponse
 
@@ -188,7 +188,7 @@ class ReplayCounter:
         batch, self._pending = self._pending, {}
         try:
             await store.add_replays(batch)
-        except StoreUnavailable as exc:
+        except StorageError as exc:
             # Counts are statistics: keep them for the next flush rather than fail.
             for (tenant, key), count in batch.items():
                 self.add(tenant, key, count)

@@ -270,10 +270,14 @@ class OpenResponse:
         kept = []
         raw = []
         content_type = None
+        # What the upstream declared, for a HEAD's answer: the length a GET would have.
+        self.declared_length: bytes | None = None
         for field in connection.headers:
             raw_name, raw_value = field
             lowered = raw_name.lower()
             if lowered in _NOT_RELAYED:
+                if lowered == b"content-length":
+                    self.declared_length = raw_value
                 continue
             value = raw_value.decode("latin-1")
             if lowered == b"content-type" and content_type is None:

@@ -127,7 +127,10 @@ class Store(Protocol):
 
     Writes that take a ``token`` succeed only while that token is the record's
     current one and the record is in progress; they return ``False`` otherwise.
-    Failures of the backend raise :class:`payonce.errors.StoreUnavailable`.
+    Failures of the backend raise :class:`payonce.errors.StorageError`
+    (:class:`~payonce.errors.StorageTimeout` when it did not answer in time), never a
+    problem: the gateway answers callers at its edge. (A stored value that cannot be
+    decrypted is :class:`~payonce.errors.RecordUnreadable`, which is one.)
     """
 
     async def claim(
@@ -219,7 +222,7 @@ class Store(Protocol):
         ...
 
     async def ping(self) -> None:
-        """Raise :class:`payonce.errors.StoreUnavailable` when the backend cannot answer."""
+        """Raise :class:`payonce.errors.StorageError` when the backend cannot answer."""
         ...
 
     async def close(self) -> None: ...

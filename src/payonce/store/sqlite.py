@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from payonce.clock import Clock, SystemClock
-from payonce.errors import ConfigError, StoreTimeout, StoreUnavailable
+from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
 from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
@@ -158,10 +158,10 @@ def _record(row: tuple[Any, ...], codec: Codec) -> Record:
     )
 
 
-def _translate(exc: sqlite3.Error) -> StoreUnavailable:
+def _translate(exc: sqlite3.Error) -> StorageError:
     if "locked" in str(exc) or "busy" in str(exc):
-        return StoreTimeout(f"SQLite store busy: {exc}")
-    return StoreUnavailable(f"SQLite store failed: {exc}")
+        return StorageTimeout(f"SQLite store busy: {exc}")
+    return StorageError(f"SQLite store failed: {exc}")
 
 
 class SQLiteStore:
@@ -485,7 +485,7 @@ class SQLiteStore:
     async def close(self) -> None:
         # Writes still waiting for another process's lock fail now, not on a closed
         # connection from a timer nobody is left to hear.
-        self._writes.close(StoreUnavailable("SQLite store closed"))
+        self._writes.close(StorageError("SQLite store closed"))
         if self._checkpointer is not None:
             # Joins the thread: at most one checkpoint's wait, once, at shutdown.
             self._checkpointer.stop()

@@ -13,9 +13,10 @@ plus ``expiry_margin`` (60 s by default, for clock differences between
 replicas), so :meth:`RedisStore.purge_expired` has nothing to do.
 
 Errors are translated once, here: a timeout becomes
-:class:`~payonce.errors.StoreTimeout`, anything else Redis raises
+:class:`~payonce.errors.StorageTimeout`, anything else Redis raises
 (connection refused or reset, cluster down, out of memory)
-:class:`~payonce.errors.StoreUnavailable`. A command that fails on a broken
+:class:`~payonce.errors.StorageError`, with redis-py's message (which names the
+server: for the operator's log, never for callers). A command that fails on a broken
 pooled connection (the server restarted) is retried once at once on a fresh
 connection; a server that stays down fails the operation within ``timeout``,
 and the store works again as soon as it is back, without a restart.
@@ -38,7 +39,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from payonce.clock import Clock, SystemClock
-from payonce.errors import StoreTimeout, StoreUnavailable
+from payonce.errors import StorageError, StorageTimeout
 from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
 from payonce.store.redis import scripts
 from payonce.store.redis.batch import Batcher
@@ -56,10 +57,10 @@ _STATUSES = {
 }
 
 
-def _translate(exc: BaseException) -> StoreUnavailable:
+def _translate(exc: BaseException) -> StorageError:
     if isinstance(exc, RedisTimeoutError | TimeoutError):
-        return StoreTimeout(f"Redis store timed out: {exc}")
-    return StoreUnavailable(f"Redis store failed: {exc}")
+        return StorageTimeout(f"Redis store timed out: {exc}")
+    return StorageError(f"Redis store failed: {exc}")
 
 
 _FAILURES = (RedisError, RedisClusterException, OSError)
@@ -173,7 +174,7 @@ class RedisStore:
             async with asyncio.timeout(self._timeout):
                 yield
         except TimeoutError as exc:  # the bound above (or a connect that timed out)
-            raise StoreTimeout(f"Redis store did not answer within {self._timeout:g} s") from exc
+            raise StorageTimeout(f"Redis store did not answer within {self._timeout:g} s") from exc
         except _FAILURES as exc:
             raise _translate(exc) from exc
 
@@ -372,7 +373,7 @@ class RedisStore:
                     until_lease_end = record.lease_expires_at - now
                     pause = min(remaining, until_lease_end, self._poll_interval)
                     await watch.sleep(changed, pause)
-        except StoreUnavailable:
+        except StorageError:
             raise
         except _FAILURES as exc:
             raise _translate(exc) from exc
