@@ -49,7 +49,7 @@ class Reader:
                 assert response.status_code == 200, response.read()
                 for line in response.iter_lines():
                     if line.startswith("id:"):
-                        self.last = int(line[3:])
+                        self.last = int(line[3:].strip().partition("-")[0])  # <n>-<run>
         finally:
             self.done.set()
         return self.last

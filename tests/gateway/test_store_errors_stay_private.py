@@ -70,7 +70,7 @@ def test_a_stalled_redis_is_a_fixed_problem_for_callers_and_a_log_line_for_the_o
     assert len({answer.json()["detail"] for answer in answers}) == 1
     assert fresh_sim.billed() == 1, "nothing ran while the store was down"
     log = gateway.output()
-    failure = f"Timeout reading from 127.0.0.1:{redis.port}"
+    failure = f"Redis store at 127.0.0.1:{redis.port} did not answer within 0.5 s"
     assert failure in log, log[-3000:]
     # Once per distinct failure, not once per request (five answered it).
     answered = [line for line in log.splitlines() if failure in line and "answered 503" in line]

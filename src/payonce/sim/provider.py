@@ -460,12 +460,15 @@ async def _pause(sender: EventSender, since: float, until: float, keep_alive: fl
     """
     loop = asyncio.get_running_loop()
     if keep_alive > 0:
-        tick = since + keep_alive
-        while tick < until:
-            await asyncio.sleep(tick - loop.time())
+        # Tick n is since + n * keep_alive, compared with a microsecond's slack:
+        # adding 0.1 five times to a clock reading can land a hair before
+        # since + 0.5 and send one comment too many.
+        count = 1
+        while since + count * keep_alive < until - 1e-6:
+            await asyncio.sleep(since + count * keep_alive - loop.time())
             await sender.send(KEEP_ALIVE)
             await sender.flush()
-            tick += keep_alive
+            count += 1
     await asyncio.sleep(until - loop.time())
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -123,6 +124,8 @@ class RedisStore:
         self._prefix = config.prefix
         self._poll_interval = poll_interval
         self._timeout = config.timeout
+        # For the operator's log line: host and port, never the credentials.
+        self._where = urllib.parse.urlsplit(config.url).netloc.rpartition("@")[2]
         self._margin_ms = int(expiry_margin * 1000)
         # One immediate retry, on a new connection, for connection errors only:
         # it hides pooled connections that a server restart broke, and adds no
@@ -174,7 +177,9 @@ class RedisStore:
             async with asyncio.timeout(self._timeout):
                 yield
         except TimeoutError as exc:  # the bound above (or a connect that timed out)
-            raise StorageTimeout(f"Redis store did not answer within {self._timeout:g} s") from exc
+            raise StorageTimeout(
+                f"Redis store at {self._where} did not answer within {self._timeout:g} s"
+            ) from exc
         except _FAILURES as exc:
             raise _translate(exc) from exc
 
