@@ -12,6 +12,7 @@ from payonce.gateway.sse import (
     LastEventId,
     StreamUsage,
     ask_for_usage,
+    failed_in_band,
     is_event_stream,
     read_last_event_id,
     relayed,
@@ -184,3 +185,22 @@ def test_ask_for_usage_sees_a_stream_spelled_with_escapes() -> None:
         "include_usage": True
     }
     assert ask_for_usage("/v1/chat/completions", b'{"model":"m","messages":[]}') is None
+
+
+@pytest.mark.parametrize(
+    ("event", "failed"),
+    [
+        (b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n', True),
+        (b'data: {"id":"x","error":{"code":"server_error"},"choices":[]}\n\n', True),
+        (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"error"}]}\n\n', True),
+        (b'data: {"type":"error","code":"server_error","message":"boom"}\n\n', True),
+        (b'data: {"choices":[{"delta":{"content":"an \\"error\\": {}"}}]}\n\n', False),
+        (b'data: {"choices":[{"delta":{"content":"event: error"}}]}\n\n', False),
+        (b'data: {"error":null,"choices":[]}\n\n', False),
+        (b'event: ping\ndata: {"type":"ping"}\n\n', False),
+    ],
+)
+def test_an_error_sent_as_an_event_is_told_from_text_that_mentions_one(
+    event: bytes, failed: bool
+) -> None:
+    assert failed_in_band(event) is failed

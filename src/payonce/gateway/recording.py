@@ -24,7 +24,7 @@ from payonce.errors import ProblemError, StorageError
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.pending import PendingWrites
-from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage
+from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
 from payonce.store import Store, StoredResponse
@@ -167,6 +167,8 @@ async def record_stream(
                     break
         # The usage chunk the gateway asked for on the client's behalf is not relayed.
         kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
+        if facts.not_stored is None and any(failed_in_band(event) for event in kept):
+            facts.not_stored = "upstream_error"  # relayed, never replayed: see below
         if kept:
             live.append(kept)
             await recorder.add(kept)
@@ -189,7 +191,9 @@ async def record_stream(
     facts.model, facts.usage = usage.model, usage.usage
     facts.cost_usd = cost_of(usage.model, usage.usage)
     try:
-        if not recorder.ok:
+        if not recorder.ok or facts.not_stored == "upstream_error":
+            # An error event on a 200 (Anthropic's overloaded_error, OpenRouter's
+            # error chunk): no whole answer, none billed, so a retry runs again.
             await release_quietly(store, tenant, key, token, pending, until)
             return None
         stored = StoredResponse(response.status, response.headers, b"", stream=True)

@@ -37,6 +37,7 @@ __all__ = [
     "StreamId",
     "StreamUsage",
     "ask_for_usage",
+    "failed_in_band",
     "first_stream_id",
     "is_event_stream",
     "not_asked_for_usage",
@@ -246,6 +247,32 @@ def read_last_event_id(raw: bytes) -> LastEventId | None:
     if match is None:
         return None
     return LastEventId(int(match[1]), match[2])
+
+
+# An error sent as an event of a 200 stream: Anthropic's "event: error" (its data
+# {"type":"error",...}, e.g. overloaded_error), or an OpenAI-shaped chunk with a
+# top-level "error" object or finish_reason "error" (OpenRouter's mid-stream error).
+_IN_BAND_ERROR = re.compile(
+    rb'(?:\A|[\r\n])event: ?error[\r\n]|"finish_reason":\s*"error"|\{"type":\s*"error"'
+)
+
+
+def failed_in_band(event: bytes) -> bool:
+    """Whether the upstream reported its generation failed in this event, on its 200.
+
+    Such a stream ends cleanly but holds no whole answer (and the provider bills
+    none), so it is relayed as it came and never kept as the key's answer. A chunk
+    with a top-level ``error`` object counts too; the cheap byte tests come first,
+    because every event of every stream passes here.
+    """
+    if b"error" not in event:
+        return False
+    if _IN_BAND_ERROR.search(event) is not None:
+        return True
+    if b'"error"' not in event:
+        return False
+    document = _data_json(event)
+    return isinstance(document, dict) and isinstance(document.get("error"), dict)
 
 
 def _data_json(event: bytes) -> object:

@@ -79,6 +79,15 @@ class _ConfigExit(click.ClickException):
     "after every DURATION of silence, as OpenRouter does; 0: never.",
 )
 @click.option(
+    "--wire",
+    default="openai",
+    show_default=True,
+    metavar="PROFILE[,VARIATION...]",
+    help="Streams: frame events as this upstream does (openai, anthropic, openrouter, "
+    "sse-starlette, tgi, vllm, ollama, mock-ids), with variations crlf, no-final-blank, "
+    "trickle, event-bytes=N. See docs/sim.md.",
+)
+@click.option(
     "--stored-responses",
     default=str(DEFAULT_STORED_RESPONSES),
     show_default=True,
@@ -110,6 +119,7 @@ def sim_command(
     drop_after_compute: str,
     die_mid_stream: str,
     keep_alive: str,
+    wire: str,
     stored_responses: str,
     seed: str | None,
     ledger: str | None,
@@ -122,7 +132,8 @@ def sim_command(
 
     \b
     Per-request headers: X-Sim-Delay-Ms, X-Sim-Fail, X-Sim-Drop, X-Sim-No-Request-Id;
-    for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After, X-Sim-Keep-Alive-Ms.
+    for streams ("stream": true): X-Sim-Token-Ms, X-Sim-Die-After, X-Sim-Keep-Alive-Ms,
+    X-Sim-Wire.
     """
     try:
         config = SimConfig.from_flags(
@@ -137,6 +148,7 @@ def sim_command(
             die_mid_stream=die_mid_stream,
             stored_responses=stored_responses,
             keep_alive=keep_alive,
+            wire=wire,
         )
         # Imported here so that `payonce --help` and other commands do not pay for
         # importing aiohttp.

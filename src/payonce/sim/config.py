@@ -22,6 +22,7 @@ from pathlib import Path
 from payonce.errors import ConfigError
 from payonce.sim.faults import FaultPlan
 from payonce.sim.latency import FixedLatency, LatencyModel, LogNormalLatency
+from payonce.sim.profiles import DEFAULT_WIRE, Wire, parse_wire
 from payonce.sim.response_store import DEFAULT_STORED_RESPONSES
 
 __all__ = [
@@ -204,7 +205,8 @@ class SimConfig:
     ledger in memory only. ``token_interval`` is the seconds between two streamed
     tokens (0: no pacing); ``die_mid_stream`` the fraction of streams that die;
     ``keep_alive`` the seconds of silence after which a stream sends an SSE
-    comment (0: never).
+    comment (0: never). ``wire`` is how streams look on the wire
+    (:mod:`~payonce.sim.profiles`; ``X-Sim-Wire`` overrides it per request).
     ``stored_responses`` caps the Responses API responses kept for
     ``GET /v1/responses/{id}`` (the oldest are evicted; 0 keeps none).
     """
@@ -220,6 +222,7 @@ class SimConfig:
     die_mid_stream: float = 0.0
     stored_responses: int = DEFAULT_STORED_RESPONSES
     keep_alive: float = 0.0
+    wire: Wire = DEFAULT_WIRE
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop_after_compute <= 1.0:
@@ -250,6 +253,7 @@ class SimConfig:
         die_mid_stream: str = "0",
         stored_responses: str = str(DEFAULT_STORED_RESPONSES),
         keep_alive: str = "0",
+        wire: str = "openai",
     ) -> SimConfig:
         """Parse the CLI's flag strings; raises :class:`ConfigError` on the first bad one."""
         if not host.strip():
@@ -268,4 +272,5 @@ class SimConfig:
             die_mid_stream=parse_rate(die_mid_stream, flag="--die-mid-stream"),
             stored_responses=_parse_count(stored_responses, flag="--stored-responses"),
             keep_alive=parse_duration(keep_alive, flag="--keep-alive"),
+            wire=parse_wire(wire, flag="--wire"),
         )

@@ -20,6 +20,8 @@ header                effect on this request
 ``X-Sim-Keep-Alive-Ms`` streams: send the head at once, then an SSE comment every this
                       many milliseconds of silence (0-60000; 0: none), instead of
                       ``--keep-alive``
+``X-Sim-Wire``        streams: how the events look on the wire, ``profile[,variation...]``
+                      (:mod:`~payonce.sim.profiles`), instead of ``--wire``
 ====================  ==================================================================
 
 A bad header value is answered 400 (not billed), so a typo in a test fails loudly.
@@ -33,7 +35,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from payonce.errors import ConfigError
 from payonce.sim.faults import validate_status
+from payonce.sim.profiles import WIRE_HEADER, Wire, parse_wire
 from payonce.sim.provider_errors import BadRequest
 
 __all__ = [
@@ -63,6 +67,7 @@ _HEADERS = (
     DIE_AFTER_HEADER,
     NO_REQUEST_ID_HEADER,
     KEEP_ALIVE_HEADER,
+    WIRE_HEADER,
 )
 
 # One hour: longer is certainly a mistake, and would pin a handler for ever.
@@ -84,12 +89,13 @@ class Overrides:
     die_after: int | None = None  # events
     no_request_id: bool = False  # send the id in the body only
     keep_alive: float | None = None  # seconds between keep-alive comments (0: none)
+    wire: Wire | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Overrides:
         """Read the ``X-Sim-*`` headers (``headers`` must be case-insensitive)."""
-        delay_text, fail_text, drop_text, token_text, die_text, hide_text, alive_text = map(
-            headers.get, _HEADERS
+        delay_text, fail_text, drop_text, token_text, die_text, hide_text, alive_text, wire_text = (
+            map(headers.get, _HEADERS)
         )
         # The common case, on the benchmark path: no control header at all.
         if (
@@ -100,6 +106,7 @@ class Overrides:
             and die_text is None
             and hide_text is None
             and alive_text is None
+            and wire_text is None
         ):
             return NO_OVERRIDES
         return cls(
@@ -110,6 +117,7 @@ class Overrides:
             die_after=None if die_text is None else _event_count(die_text),
             no_request_id=False if hide_text is None else _flag(hide_text, NO_REQUEST_ID_HEADER),
             keep_alive=None if alive_text is None else _keep_alive(alive_text),
+            wire=None if wire_text is None else _wire(wire_text),
         )
 
 
@@ -126,6 +134,13 @@ def _token_interval(text: str) -> float:
 
 def _keep_alive(text: str) -> float:
     return _millis(text, KEEP_ALIVE_HEADER, _MAX_TOKEN_MS) / 1000
+
+
+def _wire(text: str) -> Wire:
+    try:
+        return parse_wire(text, flag=WIRE_HEADER)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def _millis(text: str, header: str, upper: float) -> float:

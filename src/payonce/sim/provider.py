@@ -80,6 +80,7 @@ from payonce.sim.faults import RETRY_AFTER_SECONDS, RETRY_AFTER_STATUSES
 from payonce.sim.ledger import Ledger, LedgerEntry, credential_ids, credential_of
 from payonce.sim.overrides import Overrides
 from payonce.sim.pricing import cost_usd
+from payonce.sim.profiles import Wire
 from payonce.sim.prompts import (
     Ask,
     ResponsesAsk,
@@ -93,7 +94,7 @@ from payonce.sim.provider_errors import Api, BadRequest, error_body
 from payonce.sim.response_store import StoredResponses
 from payonce.sim.responses import ResponseObject, ResponseReply
 from payonce.sim.streams import (
-    KEEP_ALIVE,
+    PING,
     EventStream,
     chat_completion_stream,
     message_stream,
@@ -224,6 +225,7 @@ class Simulator:
         self._die_rate = config.die_mid_stream
         self._token_interval = config.token_interval
         self._keep_alive = config.keep_alive
+        self._wire = config.wire
         self.responses = StoredResponses(config.stored_responses)
         self._background_tasks: set[asyncio.Task[None]] = set()
 
@@ -348,23 +350,30 @@ class Simulator:
         keep_alive = overrides.keep_alive
         if keep_alive is None:
             keep_alive = self._keep_alive
+        wire = overrides.wire or self._wire
 
         response = web.StreamResponse(
             headers={"Cache-Control": "no-cache", REQUEST_ID_HEADER: request_id}
         )
         if endpoint.api is Api.ANTHROPIC:
             response.headers[ANTHROPIC_REQUEST_ID_HEADER] = request_id
-        if overrides.no_request_id:
+        for name in wire.profile.headers:
+            response.headers[name] = request_id
+        if overrides.no_request_id or not wire.profile.request_id_header:
             hide_request_id(response)
         response.content_type = EVENT_STREAM
         response.charset = "utf-8"
-        sender = EventSender(request, response)
+        sender = EventSender(request, response, trickle=wire.trickle)
         loop = asyncio.get_running_loop()
+
+        def comment() -> bytes | None:
+            return wire.comment(self.clock.now())
+
         if keep_alive > 0:
             # As OpenRouter does: the head at once, then comments while the model thinks.
             await sender.start()
             now = loop.time()
-            await _pause(sender, now, now + admitted.delay, keep_alive)
+            await _pause(sender, now, now + admitted.delay, keep_alive, comment)
         elif admitted.delay > 0:
             await asyncio.sleep(admitted.delay)  # the time to first token
 
@@ -375,15 +384,25 @@ class Simulator:
         if keep_alive <= 0:
             await sender.start()
 
+        shaped = not wire.plain
+        first_token = len(events.head) if events.tokens else -1
+        pings = wire.profile.ping_every if endpoint.api is Api.ANTHROPIC else 0
         due = loop.time()
         for index in range(events.count):
+            if index == first_token and wire.profile.comment_first:
+                await sender.send(comment() or b"")
             if interval > 0 and events.is_token(index):
                 due += interval
                 await sender.flush()  # what is due now goes out before the wait
-                await _pause(sender, due - interval, due, keep_alive)
+                await _pause(sender, due - interval, due, keep_alive, comment)
             if index == die_at:
                 reply.died()
-                await sender.close()
+                error = wire.error_event(request_id, admitted.ask.model)
+                if error is None:
+                    await sender.close()
+                else:  # the error in the stream, and a clean end of the body
+                    await sender.send(error)
+                    await sender.flush()
                 return response
             if index == last:
                 connected = sender.connected and client_connected(request)
@@ -392,7 +411,12 @@ class Simulator:
                 if drop:
                     await sender.close()
                     return response
-            await sender.send(events.event(index))
+            event = events.event(index)
+            if shaped:
+                event = _shaped(wire, event, request_id, index, index == first_token, index == last)
+            await sender.send(event)
+            if pings and events.is_token(index) and (index - len(events.head) + 1) % pings == 0:
+                await sender.send(wire.frame(PING))
         await sender.flush()
         return response
 
@@ -451,9 +475,15 @@ class Simulator:
         return response
 
 
-async def _pause(sender: EventSender, since: float, until: float, keep_alive: float) -> None:
-    """Wait until ``until`` (the loop's clock), with a keep-alive comment every
-    ``keep_alive`` seconds after ``since`` (none when 0).
+async def _pause(
+    sender: EventSender,
+    since: float,
+    until: float,
+    keep_alive: float,
+    comment: Callable[[], bytes | None],
+) -> None:
+    """Wait until ``until`` (the loop's clock), with a keep-alive ``comment()`` every
+    ``keep_alive`` seconds after ``since`` (none when 0, or when the wire has none).
 
     The comments are counted from ``since``, not from when the wait began, so a
     wait of a given length carries the same number of them on a slow machine.
@@ -466,10 +496,24 @@ async def _pause(sender: EventSender, since: float, until: float, keep_alive: fl
         count = 1
         while since + count * keep_alive < until - 1e-6:
             await asyncio.sleep(since + count * keep_alive - loop.time())
-            await sender.send(KEEP_ALIVE)
-            await sender.flush()
+            text = comment()
+            if text:
+                await sender.send(text)
+                await sender.flush()
             count += 1
     await asyncio.sleep(until - loop.time())
+
+
+def _shaped(
+    wire: Wire, event: bytes, request_id: str, index: int, first: bool, last: bool
+) -> bytes:
+    """One event as ``wire`` sends it (``b""``: not sent at all)."""
+    event = wire.shape(event, request_id, index)
+    if not event:
+        return event
+    if first and wire.event_bytes:
+        event = wire.pad(event)
+    return wire.last(event) if last else wire.frame(event)
 
 
 async def _read_json(request: web.Request) -> object:

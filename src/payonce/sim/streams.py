@@ -57,6 +57,7 @@ from payonce.sim.prompts import CHARS_PER_TOKEN, MAX_ANSWER_TOKENS, Ask
 __all__ = [
     "DONE",
     "KEEP_ALIVE",
+    "PING",
     "TOKEN_PIECES",
     "EventStream",
     "chat_completion_stream",
@@ -192,7 +193,7 @@ def message_stream(ask: Ask, request_id: str, created: int) -> EventStream:
         "usage": {"output_tokens": ask.output_tokens},
     }
     return EventStream(
-        head=(_anthropic_event("message_start", start), _BLOCK_START, _PING),
+        head=(_anthropic_event("message_start", start), _BLOCK_START, PING),
         tokens=ask.output_tokens,
         token=_ANTHROPIC_DELTAS.__getitem__,
         tail=(_BLOCK_STOP, _anthropic_event("message_delta", delta), _MESSAGE_STOP),
@@ -254,7 +255,7 @@ _BLOCK_START = _anthropic_event(
     "content_block_start",
     {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
 )
-_PING = _anthropic_event("ping", {"type": "ping"})
+PING = _anthropic_event("ping", {"type": "ping"})
 _BLOCK_STOP = _anthropic_event("content_block_stop", {"type": "content_block_stop", "index": 0})
 _MESSAGE_STOP = _anthropic_event("message_stop", {"type": "message_stop"})
 # Anthropic answers have one choice, so every delta event is the same for every request.

@@ -8,6 +8,8 @@ disconnect (no traceback in the log).
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from payonce.sim.provider_errors import Api
@@ -30,6 +32,9 @@ EVENT_STREAM = "text/event-stream"
 _JSON = "application/json"
 # Unpaced events are written in batches of about this many bytes, not one by one.
 _WRITE_BATCH_BYTES = 64 * 1024
+# --wire ...,trickle: a body that arrives a few bytes at a time, as over a slow link.
+_TRICKLE_BYTES = 7
+_TRICKLE_SECONDS = 0.001
 
 
 def client_connected(request: web.Request) -> bool:
@@ -46,9 +51,12 @@ class EventSender:
     no-ops, so the caller goes on generating and billing as if nothing happened.
     """
 
-    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+    def __init__(
+        self, request: web.Request, response: web.StreamResponse, *, trickle: bool = False
+    ) -> None:
         self._request = request
         self._response = response
+        self._trickle = trickle  # cut every write into 7-byte pieces 1 ms apart
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.connected = True
@@ -79,7 +87,12 @@ class EventSender:
         if not self.connected:
             return
         try:
-            await self._response.write(data)
+            if not self._trickle:
+                await self._response.write(data)
+                return
+            for start in range(0, len(data), _TRICKLE_BYTES):
+                await self._response.write(data[start : start + _TRICKLE_BYTES])
+                await asyncio.sleep(_TRICKLE_SECONDS)
         except ConnectionError:  # aiohttp's ClientConnectionResetError among them
             self.connected = False
 

@@ -1,0 +1,120 @@
+"""Keyed streams through the gateway, from every upstream profile the simulator speaks.
+
+The first answer (relayed while recorded) and its replay (from the store), read by
+the official SDKs: the same text as a plain call, the replay the same bytes as the
+first, one bill. Parametrized over ``payonce sim --wire`` profiles and variations
+(docs/sim.md), because every shape the suite never drove hid a defect (issue 29).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+
+from payonce.sim.profiles import PROFILES
+from tests.gateway.conftest import GatewayFactory, Sim
+
+STREAM: dict[str, Any] = {
+    "model": "gpt-4o-mini",
+    "stream": True,
+    "messages": [{"role": "user", "content": "twenty tokens. " * 5 + "hello"}],
+}
+MESSAGE: dict[str, Any] = {
+    "model": "claude-sonnet-4-0",
+    "max_tokens": 64,
+    "messages": [{"role": "user", "content": "What is the capital of France? " * 4}],
+}
+WIRES = [
+    *(name for name in PROFILES if name != "anthropic"),
+    "openai,crlf",
+    "openai,no-final-blank",
+    "openrouter,crlf,no-final-blank",
+    "sse-starlette,trickle",
+    "openai,event-bytes=3000000",
+]
+
+
+def _text(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_keyed_stream_from_every_openai_shaped_profile_is_relayed_and_replayed(
+    start_gateway: GatewayFactory, fresh_sim: Sim, wire: str
+) -> None:
+    gateway = start_gateway("--no-otel")
+    key = f"wire-{uuid.uuid4()}"
+    headers = {"X-Sim-Wire": wire, "X-Sim-Token-Ms": "0", "Idempotency-Key": key}
+    raws, texts = [], []
+    with openai.OpenAI(
+        base_url=gateway.url + "/v1", api_key="sk-wire", max_retries=0, default_headers=headers
+    ) as client:
+        for _ in range(2):
+            with client.chat.completions.with_streaming_response.create(**STREAM) as response:
+                raws.append(response.http_response.read())
+            texts.append(_text(list(client.chat.completions.create(**STREAM))))
+    direct = httpx.post(fresh_sim.url + "/v1/chat/completions", json={**STREAM, "stream": False})
+    expected = direct.json()["choices"][0]["message"]["content"]
+    if "event-bytes" not in wire:
+        assert texts == [expected, expected]
+    assert raws[1] == raws[0], "the replay is the first answer, byte for byte"
+    assert fresh_sim.billed() == 2, "one generation for the key, one for the direct call"
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "anthropic,crlf,no-final-blank"])
+def test_a_keyed_anthropic_stream_is_relayed_and_replayed(
+    start_gateway: GatewayFactory, fresh_sim: Sim, wire: str
+) -> None:
+    gateway = start_gateway("--no-otel")
+    headers = {"X-Sim-Wire": wire, "X-Sim-Token-Ms": "0", "Idempotency-Key": str(uuid.uuid4())}
+    texts = []
+    with anthropic.Anthropic(
+        base_url=gateway.url, api_key="sk-ant-wire", max_retries=0, default_headers=headers
+    ) as client:
+        for _ in range(2):
+            with client.messages.stream(**MESSAGE) as stream:
+                texts.append("".join(stream.text_stream))
+    assert texts[0] and texts[1] == texts[0]
+    assert fresh_sim.billed() == 1
+
+
+@pytest.mark.parametrize(
+    ("wire", "path", "body", "error"),
+    [
+        ("anthropic", "/v1/messages", {**MESSAGE, "stream": True}, b"overloaded_error"),
+        ("openrouter", "/v1/chat/completions", STREAM, b'"finish_reason":"error"'),
+    ],
+)
+def test_a_stream_that_failed_in_band_is_not_kept_as_the_answer(
+    start_gateway: GatewayFactory,
+    fresh_sim: Sim,
+    wire: str,
+    path: str,
+    body: dict[str, Any],
+    error: bytes,
+) -> None:
+    # The upstream sent its error as an event on a 200 and ended the body cleanly
+    # (Anthropic's overloaded_error, OpenRouter's error chunk): nothing was
+    # generated whole, nothing billed. The retry runs it again, and gets an answer.
+    gateway = start_gateway("--no-otel")
+    headers = {
+        "X-Sim-Wire": wire,
+        "X-Sim-Token-Ms": "0",
+        "Idempotency-Key": str(uuid.uuid4()),
+        "Authorization": "Bearer sk-inband",
+        "x-api-key": "sk-ant-inband",
+    }
+    failed = httpx.post(
+        gateway.url + path, json=body, headers={**headers, "X-Sim-Die-After": "5"}, timeout=30
+    )
+    assert failed.status_code == 200 and error in failed.content
+    retried = httpx.post(gateway.url + path, json=body, headers=headers, timeout=30)
+    assert retried.status_code == 200, retried.text
+    assert error not in retried.content
+    assert retried.headers["idempotent-replayed"] == "false"
+    assert fresh_sim.billed() == 1
