@@ -36,6 +36,9 @@ WIRES = [
     "openrouter,crlf,no-final-blank",
     "sse-starlette,trickle",
     "openai,event-bytes=3000000",
+    "openai,content-length",
+    "openai,close-delimited",
+    "sse-starlette,close-delimited,no-final-blank",
 ]
 
 

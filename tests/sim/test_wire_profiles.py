@@ -6,6 +6,8 @@ profile straight from the simulator; a bad wire refused before any work.
 
 from __future__ import annotations
 
+import http.client
+import json
 from typing import Any
 
 import anthropic
@@ -154,3 +156,23 @@ def test_the_anthropic_sdk_reads_its_profile(fresh_sim: Sim, wire: str) -> None:
     with client, client.messages.stream(**body) as stream:
         text = "".join(stream.text_stream)
     assert text and stream.get_final_message().usage.output_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("variation", "length"), [("content-length", True), ("close-delimited", False)]
+)
+def test_a_stream_body_delimited_by_length_or_by_the_connection_closing(
+    fresh_sim: Sim, variation: str, length: bool
+) -> None:
+    host, port = fresh_sim.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Content-Type": "application/json", "X-Sim-Wire": f"openai,{variation}"}
+    connection.request("POST", "/v1/chat/completions", json.dumps(STREAM), headers)
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    assert response.status == 200 and response.getheader("Transfer-Encoding") is None
+    assert (response.getheader("Content-Length") == str(len(body))) is length
+    assert length or response.getheader("Connection") == "close"
+    assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n")
+    assert fresh_sim.billed() == 1

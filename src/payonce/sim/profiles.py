@@ -38,6 +38,10 @@ The variations, for any profile:
 ``trickle``          every write cut into 7-byte pieces 1 ms apart (short streams).
 ``event-bytes=N``    the first content delta padded to at least N bytes (one large
                      event, as a base64 image is).
+``content-length``   the whole stream gathered and sent with a ``Content-Length``
+                     (no chunks; pacing lost; a stream that dies sends nothing).
+``close-delimited``  no length and no chunks: the body ends when the connection
+                     closes (HTTP/1.0 style).
 
 The ledger bills every shape the same way.
 """
@@ -55,6 +59,7 @@ from payonce.errors import ConfigError
 __all__ = ["PROFILES", "WIRE_HEADER", "Profile", "Wire", "parse_wire"]
 
 WIRE_HEADER = "X-Sim-Wire"
+_FRAMINGS = {"content-length": "length", "close-delimited": "close"}
 # An event larger than this is a mistake, not a test: 64 MiB.
 _MAX_EVENT_BYTES = 64 * 1024 * 1024
 
@@ -135,6 +140,7 @@ class Wire:
     no_final_blank: bool = False
     trickle: bool = False
     event_bytes: int = 0
+    framing: str = "chunked"  # or "length", "close" (sim/wire.py, EventSender)
 
     @property
     def plain(self) -> bool:
@@ -215,6 +221,7 @@ def parse_wire(text: str, *, flag: str) -> Wire:
         raise ConfigError(f"{flag}: unknown profile {name!r} (known: {known})")
     crlf = no_final_blank = trickle = False
     event_bytes = 0
+    framing = "chunked"
     for variation in variations:
         word, _, value = variation.partition("=")
         word = word.lower()
@@ -224,6 +231,8 @@ def parse_wire(text: str, *, flag: str) -> Wire:
             no_final_blank = True
         elif word == "trickle" and not value:
             trickle = True
+        elif word in _FRAMINGS and not value:
+            framing = _FRAMINGS[word]
         elif word == "event-bytes":
             try:
                 event_bytes = int(value)
@@ -234,7 +243,8 @@ def parse_wire(text: str, *, flag: str) -> Wire:
         else:
             raise ConfigError(
                 f"{flag}: unknown variation {variation!r}"
-                " (known: crlf, no-final-blank, trickle, event-bytes=N)"
+                " (known: crlf, no-final-blank, trickle, event-bytes=N, content-length,"
+                " close-delimited)"
             )
-    wire = Wire(profile, crlf, no_final_blank, trickle, event_bytes)
+    wire = Wire(profile, crlf, no_final_blank, trickle, event_bytes, framing)
     return DEFAULT_WIRE if wire == DEFAULT_WIRE else wire

@@ -363,7 +363,7 @@ class Simulator:
             hide_request_id(response)
         response.content_type = EVENT_STREAM
         response.charset = "utf-8"
-        sender = EventSender(request, response, trickle=wire.trickle)
+        sender = EventSender(request, response, trickle=wire.trickle, framing=wire.framing)
         loop = asyncio.get_running_loop()
 
         def comment() -> bytes | None:
@@ -402,7 +402,7 @@ class Simulator:
                     await sender.close()
                 else:  # the error in the stream, and a clean end of the body
                     await sender.send(error)
-                    await sender.flush()
+                    await sender.finish()
                 return response
             if index == last:
                 connected = sender.connected and client_connected(request)
@@ -417,7 +417,7 @@ class Simulator:
             await sender.send(event)
             if pings and events.is_token(index) and (index - len(events.head) + 1) % pings == 0:
                 await sender.send(wire.frame(PING))
-        await sender.flush()
+        await sender.finish()
         return response
 
     def _bill(

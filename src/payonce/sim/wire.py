@@ -49,20 +49,42 @@ class EventSender:
 
     A failed write (the client left) marks the client gone and turns later writes into
     no-ops, so the caller goes on generating and billing as if nothing happened.
+
+    ``framing`` is how the body is delimited: ``"chunked"`` (aiohttp's own),
+    ``"length"`` (the whole stream gathered, then sent with a ``Content-Length``; a
+    stream that dies or drops closes the connection before any of it) or
+    ``"close"`` (no length, no chunks: the head is written straight to the
+    transport and the body ends when the connection closes, as HTTP/1.0 servers
+    and some proxies do). ``trickle`` cuts every write into 7-byte pieces 1 ms apart.
     """
 
     def __init__(
-        self, request: web.Request, response: web.StreamResponse, *, trickle: bool = False
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        *,
+        trickle: bool = False,
+        framing: str = "chunked",
     ) -> None:
         self._request = request
         self._response = response
-        self._trickle = trickle  # cut every write into 7-byte pieces 1 ms apart
+        self._trickle = trickle
+        self._framing = framing
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._whole: list[bytes] = []  # framing "length": the body so far
         self.connected = True
 
     async def start(self) -> None:
         """Send the status line and headers (so ``X-Sim-Die-After: 0`` is a 200, then nothing)."""
+        if self._framing == "length":
+            return  # the head goes with the whole body, once its length is known
+        if self._framing == "close":
+            head = [b"HTTP/1.1 200 OK", b"Connection: close"]
+            headers = self._response.headers.items()
+            head += [b"%s: %s" % (name.encode(), value.encode()) for name, value in headers]
+            await self._write(b"\r\n".join(head) + b"\r\n\r\n")
+            return
         try:
             await self._response.prepare(self._request)
         except ConnectionError:
@@ -86,24 +108,57 @@ class EventSender:
         self._pending_bytes = 0
         if not self.connected:
             return
-        try:
-            if not self._trickle:
-                await self._response.write(data)
-                return
-            for start in range(0, len(data), _TRICKLE_BYTES):
-                await self._response.write(data[start : start + _TRICKLE_BYTES])
-                await asyncio.sleep(_TRICKLE_SECONDS)
-        except ConnectionError:  # aiohttp's ClientConnectionResetError among them
-            self.connected = False
+        if self._framing == "length":
+            self._whole.append(data)
+            return
+        await self._write(data)
+
+    async def finish(self) -> None:
+        """The stream's end: write what is queued and end the body as its framing does."""
+        await self.flush()
+        if self._framing == "length" and self.connected:
+            body = b"".join(self._whole)
+            self._response.content_length = len(body)
+            try:
+                await self._response.prepare(self._request)
+            except ConnectionError:
+                self.connected = False
+            await self._write(body)
+        elif self._framing == "close":
+            self._close_transport()
 
     async def close(self) -> None:
         """Write what is queued, then close the connection without ending the stream."""
-        await self.flush()
+        if self._framing != "length":
+            await self.flush()
+        self._close_transport()
+
+    async def _write(self, data: bytes) -> None:
+        if not self.connected:
+            return
+        try:
+            for start in range(0, len(data), _TRICKLE_BYTES if self._trickle else len(data) or 1):
+                piece = data[start : start + _TRICKLE_BYTES] if self._trickle else data
+                if self._framing == "close":
+                    transport = self._request.transport
+                    if transport is None or transport.is_closing():
+                        raise ConnectionResetError
+                    transport.write(piece)
+                    await asyncio.sleep(0)
+                else:
+                    await self._response.write(piece)
+                if self._trickle:
+                    await asyncio.sleep(_TRICKLE_SECONDS)
+        except ConnectionError:  # aiohttp's ClientConnectionResetError among them
+            self.connected = False
+
+    def _close_transport(self) -> None:
         transport = self._request.transport
         if transport is not None:
             # close(), not abort(): the events already written reach the client first.
-            # aiohttp then fails to write the end of the chunked body, which it treats
-            # as an ordinary client disconnect (no traceback in the log).
+            # aiohttp then fails to write the end of the body (or, framed "close", the
+            # response the handler returns), which it treats as an ordinary client
+            # disconnect (no traceback in the log).
             transport.close()
 
 
