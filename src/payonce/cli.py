@@ -20,6 +20,7 @@ from payonce.lint.cli import lint_command
 from payonce.reconcile.cli import reconcile_command
 from payonce.sim.cli import sim_command
 from payonce.simulate.cli import simulate_command
+from payonce.torture.cli import torture_command
 
 __all__ = ["cli", "main"]
 
@@ -495,6 +496,7 @@ cli.add_command(reconcile_command, "reconcile")
 cli.add_command(lint_command, "lint")
 cli.add_command(demo_command, "demo")
 cli.add_command(simulate_command, "simulate")
+cli.add_command(torture_command, "torture")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,12 +8,14 @@ first, one bill. Parametrized over ``payonce sim --wire`` profiles and variation
 
 from __future__ import annotations
 
+import http.client
 import uuid
 from typing import Any
 
 import anthropic
 import httpx2 as httpx
 import openai
+import orjson
 import pytest
 
 from payonce.sim.profiles import PROFILES
@@ -121,3 +123,43 @@ def test_a_stream_that_failed_in_band_is_not_kept_as_the_answer(
     assert error not in retried.content
     assert retried.headers["idempotent-replayed"] == "false"
     assert fresh_sim.billed() == 1
+    # Said so in the metrics (a label this reason once lacked: the run's task died
+    # with a KeyError, found by payonce torture).
+    metrics = httpx.get(gateway.url + "/_payonce/metrics", timeout=10).text
+    assert 'payonce_unstored_responses_total{reason="upstream_error"} 1.0' in metrics
+    assert "Traceback" not in gateway.output()
+
+
+@pytest.mark.parametrize("key", [None, "keyed"])
+def test_a_close_delimited_stream_cut_before_its_end_is_broken_not_whole(
+    start_gateway: GatewayFactory, fresh_sim: Sim, key: str | None
+) -> None:
+    # Neither a length nor chunks: the body ends when the upstream's connection
+    # does, so a provider that died after 5 events looked like a finished stream.
+    # The gateway relayed it as whole, stored it, and replayed the cut answer to
+    # every retry (found by payonce torture). A raw socket shows the framing.
+    gateway = start_gateway("--no-otel")
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": "Bearer sk-cut",
+        "X-Sim-Wire": "openai,close-delimited",
+        "X-Sim-Token-Ms": "0",
+    }
+    if key is not None:
+        headers["Idempotency-Key"] = str(uuid.uuid4())
+    host, port = gateway.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request(
+        "POST", "/v1/chat/completions", orjson.dumps(STREAM), {**headers, "X-Sim-Die-After": "5"}
+    )
+    response = connection.getresponse()
+    assert response.status == 200
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+    connection.close()
+    again = httpx.post(
+        gateway.url + "/v1/chat/completions", content=orjson.dumps(STREAM), headers=headers
+    )
+    assert again.status_code == 200 and b"\ndata: [DONE]\n" in again.content
+    assert again.headers.get("idempotent-replayed", "false") == "false"
+    assert fresh_sim.billed() == 1, "the crashed generation was not billed; the retry was"

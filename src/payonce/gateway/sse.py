@@ -34,6 +34,7 @@ from payonce.observe.usage import normalise_usage
 __all__ = [
     "EventSplitter",
     "LastEventId",
+    "StreamEnd",
     "StreamId",
     "StreamUsage",
     "ask_for_usage",
@@ -98,6 +99,48 @@ def first_stream_id(events: Iterable[bytes]) -> str | None:
     stream_id = StreamId()
     stream_id.feed_events(events)
     return stream_id.value
+
+
+class StreamEnd:
+    """Whether a stream of a protocol payonce knows has sent its end event.
+
+    OpenAI's chunks end with ``data: [DONE]``, Anthropic's messages with
+    ``message_stop``, the Responses API's with ``response.completed``
+    (``.incomplete``, ``.failed``), and any of them may end with an error event.
+    A body delimited by the end of its connection cannot otherwise tell a crash
+    from an end: such a stream that stops before its end event was cut, and
+    is never taken as whole. Streams of other shapes are never judged (``cut``
+    stays False): nothing says how they end.
+    """
+
+    __slots__ = ("ended", "known")
+
+    def __init__(self) -> None:
+        self.known = False
+        self.ended = False
+
+    def feed(self, event: bytes) -> None:
+        if self.ended:
+            return
+        if not self.known:
+            self.known = _KNOWN_STREAM.search(event) is not None
+        if _STREAM_END.search(event) is not None or failed_in_band(event):
+            self.ended = True
+
+    @property
+    def cut(self) -> bool:
+        """A known protocol's stream, and its end event never came."""
+        return self.known and not self.ended
+
+
+_KNOWN_STREAM = re.compile(
+    rb'"object":\s*"(?:chat\.completion\.chunk|text_completion)"'
+    rb'|"type":\s*"(?:message_start|response\.created)"'
+)
+_STREAM_END = re.compile(
+    rb"(?:\A|[\r\n])data: ?\[DONE\]"
+    rb'|"type":\s*"(?:message_stop|response\.completed|response\.incomplete|response\.failed)"'
+)
 
 
 def is_event_stream(content_type: str | None) -> bool:

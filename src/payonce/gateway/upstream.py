@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from yarl import URL
 
 from payonce.errors import ConfigError, UpstreamTimeout, UpstreamUnavailable
+from payonce.gateway.sse import EventSplitter, StreamEnd, is_event_stream
 from payonce.gateway.upstream_http import ConnectFailed, Connection, Pool, request_head
 
 __all__ = [
@@ -287,6 +288,8 @@ class OpenResponse:
         self.headers = tuple(kept)
         self.raw_headers = tuple(raw)  # as received: what a whole response is relayed with
         self.content_type = content_type
+        # Neither a length nor chunks: the body ends when the connection does.
+        self.close_delimited = connection.until_close()
 
     async def read(self) -> bytes:
         try:
@@ -295,13 +298,30 @@ class OpenResponse:
             raise _translate(exc) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives."""
+        """The body as it arrives.
+
+        A stream whose body ends with its connection (neither a length nor chunks)
+        and stops before its protocol's end event raises, as a connection that
+        broke does: that framing cannot tell a crash from an end, and a cut stream
+        taken as whole would be stored, replayed and billed as an answer.
+        """
         connection = self._connection
+        watch = self.close_delimited and is_event_stream(self.content_type)
+        splitter, end = (EventSplitter(), StreamEnd()) if watch else (None, None)
         while True:
             try:
                 chunk = await connection.read_some(self._read_timeout)
             except (TimeoutError, ConnectionError) as exc:
                 raise _translate(exc) from exc
+            if splitter is not None and end is not None:
+                for event in splitter.feed(chunk) if chunk else splitter.close():
+                    end.feed(event)
+                if not chunk and end.cut:
+                    raise UpstreamUnavailable(
+                        "the upstream closed the connection before its stream's end event"
+                        " (a body delimited by the connection's end); retry with the same"
+                        " Idempotency-Key"
+                    )
             if not chunk:
                 return
             yield chunk

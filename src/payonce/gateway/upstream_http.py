@@ -197,7 +197,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._pool.forget(self)
-        if self.head_done and not self.complete and self._until_close():
+        if self.head_done and not self.complete and self.until_close():
             self.complete = True  # a body delimited by the end of the connection
         self._fail(ConnectionResetError("the upstream closed the connection"))
 
@@ -242,7 +242,8 @@ class Connection(asyncio.Protocol):
             self.complete = True
             self._wake()
 
-    def _until_close(self) -> bool:
+    def until_close(self) -> bool:
+        """Whether the response's body ends when the connection does (no length, no chunks)."""
         if self.status in _BODILESS_STATUSES:
             return False
         names = {name.lower() for name, _ in self.headers}

@@ -25,11 +25,12 @@ def limit_counters(registry: CollectorRegistry) -> tuple[dict[str, Any], dict[st
     unstored = Counter(
         "payonce_unstored_responses",
         "Upstream answers relayed to their client but not stored, their key released so"
-        " that a retry runs again (too_large: over --max-stored-body).",
+        " that a retry runs again (too_large: over --max-stored-body; upstream_error: the"
+        " stream reported its own failure in an event of its 200).",
         ["reason"],
         registry=registry,
     )
     return (
         {limit: rejections.labels(limit) for limit in ("in_flight", "new_keys")},
-        {"too_large": unstored.labels("too_large")},
+        {reason: unstored.labels(reason) for reason in ("too_large", "upstream_error")},
     )

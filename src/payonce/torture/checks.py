@@ -1,0 +1,384 @@
+"""The invariants of docs/guarantees.md, checked against one run's history.
+
+The history is what the clients saw (:class:`~payonce.torture.driver.Observation`),
+what the upstream billed (the simulator's ledger: one entry per finished
+generation, tagged with the business request's key as its end user), what each
+gateway's call log says, the status endpoint's answer for every key at the end,
+and the gateways' memory. Each check returns the violations it found; a double
+bill that a fault explains is not a violation but is counted, with the fault.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from payonce.torture.driver import Observation, complete_events_end
+from payonce.torture.nemesis import Played
+from payonce.torture.plan import Call
+
+__all__ = ["Answer", "History", "Violation", "check", "read_answer"]
+
+# Invariant names, as docs/guarantees.md lists them.
+BILLED_ONCE = "billed-once"
+WHOLE_ANSWERS = "whole-answers"
+REPLAY_EQUALS_FIRST = "replay-equals-first"
+NO_STUCK_KEYS = "no-stuck-keys"
+CALL_LOG = "call-log-tells-the-truth"
+KEY_REUSE = "key-reuse-refused"
+RSS_BOUNDED = "memory-bounded"
+INVARIANTS = (
+    BILLED_ONCE,
+    WHOLE_ANSWERS,
+    REPLAY_EQUALS_FIRST,
+    NO_STUCK_KEYS,
+    CALL_LOG,
+    KEY_REUSE,
+    RSS_BOUNDED,
+)
+RSS_LIMIT = 1024 * 1024 * 1024
+
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: which, about what, and the calls involved."""
+
+    invariant: str
+    detail: str
+    key: str | None = None
+    calls: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        about = f" key {self.key}" if self.key else ""
+        calls = f" (calls {', '.join(map(str, self.calls))})" if self.calls else ""
+        return f"{self.invariant}:{about}{calls}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer as a client reads it: its generation's id(s), its text, how it ended."""
+
+    ids: frozenset[str]
+    text: str
+    terminated: bool  # [DONE] / message_stop seen (whole answers: always)
+    failed: bool  # the upstream's error inside a 200 (an error event or chunk)
+
+
+@dataclass
+class History:
+    """Everything one run recorded, for the checks."""
+
+    observations: list[Observation]
+    played: list[Played]
+    ledger: list[dict[str, Any]]
+    call_log: list[dict[str, Any]]
+    statuses: dict[str, dict[str, Any]]  # key -> status document at the end
+    expected: dict[tuple[str, int], str]  # (api, prompt) -> the answer's text
+    rss: dict[str, int | None]
+    killed_gateways: frozenset[int] = field(default_factory=frozenset)
+    excused: list[str] = field(default_factory=list)  # double bills a fault explains
+
+
+def _events(body: bytes) -> Iterable[tuple[str, bytes]]:
+    """(event type, data) of each event of an SSE body, per WHATWG's reading."""
+    kind, data = "message", list[bytes]()
+    for line in _LINE_BREAK.split(body):
+        if not line:
+            if data:
+                yield kind, b"\n".join(data)
+            kind, data = "message", []
+            continue
+        name, _, value = line.partition(b":")
+        value = value.removeprefix(b" ")
+        if name == b"event":
+            kind = value.decode(errors="replace")
+        elif name == b"data":
+            data.append(value)
+    if data:
+        yield kind, b"\n".join(data)
+
+
+def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
+    """The answer in ``body``; ``None`` when it is not one (not JSON, not events)."""
+    if not stream:
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(document, dict) or not isinstance(document.get("id"), str):
+            return None
+        if api == "messages":
+            text = "".join(
+                block.get("text", "")
+                for block in document.get("content", [])
+                if isinstance(block, dict)
+            )
+        else:
+            choices = document.get("choices") or [{}]
+            text = (choices[0].get("message") or {}).get("content") or ""
+        return Answer(frozenset([document["id"]]), text, True, False)
+    ids: set[str] = set()
+    pieces: list[str] = []
+    terminated = failed = False
+    for kind, data in _events(body):
+        if data == b"[DONE]":
+            terminated = True
+            continue
+        try:
+            document = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            failed = True
+            continue
+        if not isinstance(document, dict):
+            continue
+        if (
+            kind == "error"
+            or document.get("type") == "error"
+            or isinstance(document.get("error"), dict)
+        ):
+            failed = True
+            continue
+        if api == "messages":
+            if document.get("type") == "message_start":
+                ids.add(str(document["message"]["id"]))
+            elif document.get("type") == "content_block_delta":
+                pieces.append(document["delta"].get("text", ""))
+            elif document.get("type") == "message_stop":
+                terminated = True
+            continue
+        ids.add(str(document.get("id")))
+        for choice in document.get("choices") or []:
+            if choice.get("finish_reason") == "error":
+                failed = True
+            pieces.append((choice.get("delta") or {}).get("content") or "")
+    return Answer(frozenset(ids), "".join(pieces), terminated, failed)
+
+
+def _by_key(observations: Iterable[Observation]) -> dict[str, list[Observation]]:
+    keyed: dict[str, list[Observation]] = defaultdict(list)
+    for observation in observations:
+        if observation.call.key is not None:
+            keyed[observation.call.key].append(observation)
+    return keyed
+
+
+def _window(observations: list[Observation]) -> tuple[float, float]:
+    starts = [o.started for o in observations if o.started or o.ended]
+    ends = [o.ended or o.started for o in observations]
+    return (min(starts, default=0.0), max(ends, default=0.0))
+
+
+# A response the gateway finished this long after its client hung up was not
+# received whole: before that, the rest may have been in the client's socket
+# buffer when it left (TCP cannot tell the gateway otherwise).
+_LEFT_SLACK = 0.5
+
+
+def _finished_after(line: Mapping[str, Any], left_at: float) -> bool:
+    """Whether the call log says the response finished well after the client left."""
+    stamp = line.get("ts")
+    if not isinstance(stamp, str):
+        return True
+    finished = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return finished > left_at + _LEFT_SLACK
+
+
+def _explains(played: Played, served: set[int], lease: float) -> bool:
+    """Whether docs/guarantees.md lets this fault bill a key twice.
+
+    A gateway that served the key killed (its run's lease lapses while the
+    upstream still finishes and bills it), or stopped for two thirds of a lease
+    or more (a renewal can then come too late); a store held still longer than a
+    lease (a stream's unstored events are kept that long, then the key is
+    released). Shorter stalls and stops, and graceful SIGTERM, excuse nothing.
+    """
+    fault = played.fault
+    if fault.kind == "kill":
+        return fault.target in served
+    if fault.kind == "stop":
+        return fault.target in served and fault.seconds >= lease * 2 / 3
+    if fault.kind == "stall":
+        return fault.seconds > lease
+    return False
+
+
+def _faults_during(played: list[Played], start: float, end: float, slack: float) -> list[Played]:
+    return [p for p in played if p.started <= end + slack and p.ended + slack >= start]
+
+
+def _as_read(observation: Observation, by_number: Mapping[int, Observation]) -> bytes:
+    """The stream a client has after ``observation``: a resume continues its original's
+    whole events (``Last-Event-ID``), so both together must read as one answer."""
+    if observation.call.resume_of is None:
+        return observation.body
+    original = by_number[observation.call.resume_of].body
+    return original[: complete_events_end(original)] + observation.body
+
+
+def _answered_before(
+    observations: list[Observation], later: Observation, by_number: Mapping[int, Observation]
+) -> bool:
+    """Whether a call of the key got its whole answer before ``later`` was sent: then
+    the key is completed, and a different body with it must be refused."""
+    for o in observations:
+        if o.status != 200 or not o.clean or o.left or o.call.mismatch:
+            continue
+        answer = read_answer(o.call.api, o.call.stream, _as_read(o, by_number))
+        whole = answer is not None and answer.terminated and not answer.failed
+        if whole and o.ended < later.started:
+            return True
+    return False
+
+
+def check(history: History, *, lease: float) -> list[Violation]:
+    """Every invariant over ``history``; the double bills faults explain go to ``excused``."""
+    violations: list[Violation] = []
+    bills: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in history.ledger:
+        bills[str(entry.get("user", ""))].append(entry)
+    keyed = _by_key(history.observations)
+    by_number = {o.call.number: o for o in history.observations}
+
+    # billed-once: at most one generation per key, unless a fault explains the second.
+    for key, observations in keyed.items():
+        count = len(bills.get(key, []))
+        if count <= 1:
+            continue
+        start, end = _window(observations)
+        served = {o.call.gateway for o in observations}
+        faults = [
+            played
+            for played in _faults_during(history.played, start, end, slack=3 * lease)
+            if _explains(played, served, lease)
+        ]
+        numbers = tuple(o.call.number for o in observations)
+        if faults:
+            kinds = ", ".join(f"{p.fault.kind}#{p.fault.number}" for p in faults)
+            history.excused.append(f"key {key}: billed {count}, owed to {kinds}")
+        else:
+            violations.append(
+                Violation(BILLED_ONCE, f"billed {count} times, no fault", key, numbers)
+            )
+
+    def bad(invariant: str, detail: str, call: Call) -> None:
+        violations.append(Violation(invariant, detail, call.key, (call.number,)))
+
+    # whole-answers, replay-equals-first, key-reuse-refused
+    billed_ids = {str(entry.get("provider_request_id")) for entry in history.ledger}
+    for observation in history.observations:
+        call = observation.call
+        if call.mismatch:
+            if observation.status == 200 and _answered_before(
+                keyed[call.key or ""], observation, by_number
+            ):
+                violations.append(
+                    Violation(
+                        KEY_REUSE, "a different body with the key got 200", call.key, (call.number,)
+                    )
+                )
+            continue
+        if observation.status != 200 or not observation.clean or observation.left:
+            continue
+        answer = read_answer(call.api, call.stream, _as_read(observation, by_number))
+        where = (call.number,)
+        if answer is None:
+            bad(WHOLE_ANSWERS, "a 200 that is no answer", call)
+            continue
+        if answer.failed:
+            continue  # the upstream's own error, relayed as it came: the client sees it
+        if not answer.terminated:
+            violations.append(
+                Violation(
+                    WHOLE_ANSWERS, "a stream ended cleanly without its end event", call.key, where
+                )
+            )
+            continue
+        if len(answer.ids) != 1:
+            violations.append(
+                Violation(
+                    WHOLE_ANSWERS, f"one answer from {len(answer.ids)} generations", call.key, where
+                )
+            )
+            continue
+        if answer.text != history.expected[(call.api, call.prompt)]:
+            bad(WHOLE_ANSWERS, "the text is not the generation's", call)
+        if not answer.ids <= billed_ids:
+            violations.append(
+                Violation(
+                    WHOLE_ANSWERS, f"generation {set(answer.ids)} was never billed", call.key, where
+                )
+            )
+    for key, observations in keyed.items():
+        seen: dict[frozenset[str], int] = {}
+        for observation in observations:
+            call = observation.call
+            if call.mismatch or observation.status != 200 or not observation.clean:
+                continue
+            answer = read_answer(call.api, call.stream, _as_read(observation, by_number))
+            if answer is None or answer.failed or not answer.terminated:
+                continue
+            seen.setdefault(answer.ids, call.number)
+        if len(seen) > 1:
+            violations.append(
+                Violation(
+                    REPLAY_EQUALS_FIRST,
+                    f"{len(seen)} different generations answered one key",
+                    key,
+                    tuple(seen.values()),
+                )
+            )
+
+    # no-stuck-keys: nothing in progress once every fault is undone and leases lapsed.
+    for key, document in history.statuses.items():
+        if document.get("state") == "in_progress":
+            violations.append(Violation(NO_STUCK_KEYS, "still in_progress at the end", key))
+
+    # call-log-tells-the-truth: one line per answered request, with the status seen.
+    lines: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for line in history.call_log:
+        lines[str(line.get("request_id"))].append(line)
+    for observation in history.observations:
+        call = observation.call
+        if observation.request_id is None or call.gateway in history.killed_gateways:
+            continue
+        found = lines.get(observation.request_id, [])
+        if len(found) != 1:
+            violations.append(
+                Violation(
+                    CALL_LOG,
+                    f"{len(found)} lines for request {observation.request_id}",
+                    call.key,
+                    (call.number,),
+                )
+            )
+            continue
+        status = found[0].get("status")
+        if observation.left and status != 499 and _finished_after(found[0], observation.left_at):
+            violations.append(
+                Violation(
+                    CALL_LOG, f"the client left, the line says {status}", call.key, (call.number,)
+                )
+            )
+        elif observation.clean and not observation.left and status != observation.status:
+            violations.append(
+                Violation(
+                    CALL_LOG,
+                    f"the client got {observation.status}, the line says {status}",
+                    call.key,
+                    (call.number,),
+                )
+            )
+
+    # memory-bounded
+    for name, rss in history.rss.items():
+        if rss is not None and rss > RSS_LIMIT:
+            violations.append(Violation(RSS_BOUNDED, f"{name} holds {rss / 2**20:.0f} MiB"))
+    return violations

@@ -1,0 +1,237 @@
+"""The real processes a torture run drives: a simulator, one to three gateways, a store.
+
+Every process is started the way an operator starts it (``payonce sim``,
+``payonce serve``, ``redis-server``) on a free port of 127.0.0.1, with its output
+in the run's folder. Gateways can be killed, stopped, terminated and restarted on
+the same port, which is what the nemesis does to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from payonce.errors import ConfigError
+
+__all__ = ["Cluster", "Node", "free_port"]
+
+STORES = ("sqlite", "redis", "memory")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_ready(
+    port: int, path: str, process: subprocess.Popen[bytes], log: Path, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}:\n{tail}")
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        try:
+            connection.request("GET", path)
+            connection.getresponse().read()
+            return  # it answers
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            connection.close()
+    raise RuntimeError(f"port {port} did not answer within {timeout:g} s (log: {log})")
+
+
+@dataclass
+class Node:
+    """One process that can be signalled and started again on its port."""
+
+    name: str
+    args: list[str]
+    port: int
+    folder: Path
+    ready_path: str
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    stopped: bool = False
+    killed: bool = False  # ever SIGKILLed: its buffered call-log lines may be lost
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.folder / f"{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it (again) and wait until it answers."""
+        self.starts += 1
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                self.args, stdout=output, stderr=subprocess.STDOUT, cwd=self.folder
+            )
+        self.stopped = False
+        _wait_ready(self.port, self.ready_path, self.process, self.log, timeout)
+
+    def signal(self, number: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(number)
+        if number == signal.SIGSTOP:
+            self.stopped = True
+        elif number == signal.SIGCONT:
+            self.stopped = False
+        elif number == signal.SIGKILL:
+            self.killed = True
+
+    def wait(self, timeout: float = 30.0) -> None:
+        """Wait for it to exit (after SIGTERM or SIGKILL); SIGKILL it past ``timeout``."""
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.process.wait()
+
+    def rss_bytes(self) -> int | None:
+        """Its resident memory now, from /proc (``None`` elsewhere or when gone)."""
+        if self.process is None:
+            return None
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return None
+
+    def stop(self) -> None:
+        """End it for good: SIGCONT if stopped, SIGTERM, then SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        self.wait(15.0)
+
+
+class Cluster:
+    """A simulator, ``gateways`` gateways on one store, and the store's own process."""
+
+    def __init__(self, folder: Path, *, store: str, gateways: int, lease: float) -> None:
+        if store not in STORES:
+            raise ConfigError(f"--store: {store!r} is not one of {', '.join(STORES)}")
+        if store == "memory" and gateways > 1:
+            raise ConfigError("--store memory: one gateway only (the store is in its memory)")
+        self.folder = folder
+        self.kind = store
+        python = [sys.executable, "-m", "payonce"]
+        self.ledger = folder / "ledger.csv"
+        sim_port = free_port()
+        self.sim = Node(
+            "sim",
+            [*python, "sim", "--port", str(sim_port), "--latency", "fixed:0", "--token-rate",
+             "inf", "--ledger", str(self.ledger), "--seed", "1"],
+            sim_port,
+            folder,
+            "/_sim/health",
+        )  # fmt: skip
+        self.redis: Node | None = None
+        if store == "redis":
+            server = shutil.which("redis-server")
+            if server is None:
+                raise ConfigError("--store redis: redis-server is not on PATH")
+            redis_port = free_port()
+            self.redis = Node(
+                "redis",
+                [server, "--port", str(redis_port), "--save", "", "--appendonly", "no"],
+                redis_port,
+                folder,
+                "",
+            )
+            self.store_url = f"redis://127.0.0.1:{redis_port}/0?timeout=0.5"
+        elif store == "sqlite":
+            self.store_url = f"sqlite:///{folder / 'payonce.db'}"
+        else:
+            self.store_url = "memory://"
+        self.gateways: list[Node] = []
+        for number in range(gateways):
+            port = free_port()
+            self.gateways.append(
+                Node(
+                    f"gateway{number}",
+                    [*python, "serve", "--upstream", self.sim.url, "--port",
+                     str(port), "--store", self.store_url, "--lease", f"{lease:g}s",
+                     "--call-log", str(folder / f"calls{number}.jsonl"), "--no-otel",
+                     "--wait-timeout", "60s", "--upstream-timeout", "30s"],
+                    port,
+                    folder,
+                    "/_payonce/health",
+                )
+            )  # fmt: skip
+
+    def start(self) -> None:
+        """Start the store's process, the simulator, then the gateways."""
+        if self.redis is not None:
+            self._start_redis(self.redis)
+        self.sim.start()
+        for gateway in self.gateways:
+            gateway.start()
+
+    @staticmethod
+    def _start_redis(node: Node) -> None:
+        node.starts += 1
+        with node.log.open("ab") as output:
+            node.process = subprocess.Popen(node.args, stdout=output, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", node.port), timeout=1) as connection,
+            ):
+                connection.sendall(b"PING\r\n")
+                if connection.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on {node.port} did not answer (log: {node.log})")
+
+    def hold_store(self, seconds: float) -> subprocess.Popen[bytes] | None:
+        """Hold the store still for ``seconds``: SQLite's write lock in another process,
+        or Redis stopped. Returns the lock holder (SQLite), which ends by itself."""
+        if self.kind == "sqlite":
+            database = self.store_url.removeprefix("sqlite:///")
+            script = (
+                "import sqlite3, sys, time\n"
+                "c = sqlite3.connect(sys.argv[1], timeout=10, isolation_level=None)\n"
+                "c.execute('BEGIN IMMEDIATE')\n"
+                "time.sleep(float(sys.argv[2]))\n"
+                "c.execute('COMMIT')\n"
+            )
+            return subprocess.Popen([sys.executable, "-c", script, database, str(seconds)])
+        if self.redis is not None:
+            self.redis.signal(signal.SIGSTOP)
+        return None
+
+    def release_store(self) -> None:
+        if self.redis is not None:
+            self.redis.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Stop everything (gateways first, so they flush their call logs)."""
+        for gateway in self.gateways:
+            gateway.stop()
+        self.sim.stop()
+        if self.redis is not None:
+            self.redis.stop()

@@ -1,0 +1,227 @@
+"""One torture run end to end, and the shrinking of a failing one.
+
+A run starts its cluster, learns the answer each prompt gets straight from the
+simulator, sends the plan's calls while the nemesis plays its faults, undoes
+every fault, waits for leases to lapse, gathers the history and checks it.
+Shrinking runs smaller plans (halves of the calls, then single faults and
+calls dropped) while the same invariant still breaks, within a time budget.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from payonce.torture.checks import History, Violation, check, read_answer
+from payonce.torture.cluster import Cluster
+from payonce.torture.driver import CREDENTIAL, body_of, headers_of, run_calls
+from payonce.torture.nemesis import play_faults
+from payonce.torture.plan import PROMPTS, Call, Plan
+
+__all__ = ["RunResult", "run", "shrink"]
+
+log = logging.getLogger("payonce.torture")
+
+
+@dataclass
+class RunResult:
+    """A run's verdict: what broke, what a fault explained, and where its files are."""
+
+    plan: Plan
+    violations: list[Violation]
+    excused: list[str]
+    calls: int
+    billed: int
+    folder: Path | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _expected(cluster: Cluster) -> dict[tuple[str, int], str]:
+    """The text each (api, prompt) gets from the simulator, asked directly."""
+    texts: dict[tuple[str, int], str] = {}
+    port = cluster.sim.port
+    for api in ("chat", "messages"):
+        for prompt in range(len(PROMPTS)):
+            call = Call(number=-1, at=0, gateway=0, key=None, api=api, prompt=prompt)
+            path = "/v1/messages" if api == "messages" else "/v1/chat/completions"
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                connection.request("POST", path, body_of(call), headers_of(call))
+                body = connection.getresponse().read()
+            finally:
+                connection.close()
+            answer = read_answer(api, False, body)
+            if answer is None:
+                raise RuntimeError(f"the simulator gave no answer to {api} prompt {prompt}")
+            texts[(api, prompt)] = answer.text
+    # Those were billed too: start the count from nothing.
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("DELETE", "/_sim/ledger")
+        connection.getresponse().read()
+    finally:
+        connection.close()
+    return texts
+
+
+def _statuses(cluster: Cluster, keys: set[str], lease: float) -> dict[str, dict[str, Any]]:
+    """Each key's status on the first gateway, once no lease can still be live."""
+    port = cluster.gateways[0].port
+    auth = {"Authorization": f"Bearer {CREDENTIAL}"}
+    deadline = time.monotonic() + max(10.0, 5 * lease)
+    statuses: dict[str, dict[str, Any]] = {}
+    pending = set(keys)
+    while pending:
+        for key in sorted(pending):
+            status, body = _get(port, f"/_payonce/requests/{urllib.parse.quote(key)}", auth)
+            document = orjson.loads(body) if body else {}
+            statuses[key] = document if isinstance(document, dict) else {}
+            if status != 200 or statuses[key].get("state") != "in_progress":
+                pending.discard(key)
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    return statuses
+
+
+def _call_log(folder: Path) -> list[dict[str, Any]]:
+    lines = []
+    for path in sorted(folder.glob("calls*.jsonl*")):
+        for raw in path.read_bytes().splitlines():
+            if raw.strip():
+                lines.append(orjson.loads(raw))
+    return lines
+
+
+def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
+    """Run ``plan`` on fresh processes; its files go to ``keep`` (else a temporary folder,
+    removed unless the run failed)."""
+    folder = keep or Path(tempfile.mkdtemp(prefix=f"payonce-torture-{plan.seed}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(folder, store=plan.store, gateways=plan.gateways, lease=plan.lease)
+    try:
+        cluster.start()
+        expected = _expected(cluster)
+        stop = threading.Event()
+        started = time.monotonic()
+        ports = [gateway.port for gateway in cluster.gateways]
+        with concurrent.futures.ThreadPoolExecutor(1) as nemesis:
+            played_future = nemesis.submit(play_faults, plan, cluster, started, stop)
+            try:
+                observations = run_calls(plan, ports, started, stop)
+            finally:
+                stop.set()
+            played = played_future.result()
+        cluster.release_store()
+        keys = {call.key for call in plan.calls if call.key is not None}
+        statuses = _statuses(cluster, keys, plan.lease)
+        rss = {gateway.name: gateway.rss_bytes() for gateway in cluster.gateways}
+        _, ledger_body = _get(cluster.sim.port, "/_sim/ledger?entries=1")
+        ledger = orjson.loads(ledger_body).get("entries", [])
+        killed = frozenset(i for i, g in enumerate(cluster.gateways) if g.killed)
+    finally:
+        cluster.stop()
+    history = History(
+        observations=observations,
+        played=played,
+        ledger=ledger,
+        call_log=_call_log(folder),
+        statuses=statuses,
+        expected=expected,
+        rss=rss,
+        killed_gateways=killed,
+    )
+    violations = check(history, lease=plan.lease)
+    _keep_bodies(folder, observations, violations)
+    result = RunResult(plan, violations, history.excused, len(observations), len(ledger), folder)
+    if result.ok and keep is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        result.folder = None
+    return result
+
+
+def _keep_bodies(folder: Path, observations: list[Any], violations: list[Violation]) -> None:
+    """What the clients of the calls a violation names received, as files to read."""
+    by_number = {observation.call.number: observation for observation in observations}
+    for violation in violations:
+        for number in violation.calls:
+            observation = by_number.get(number)
+            if observation is not None:
+                (folder / f"call-{number}.body").write_bytes(observation.body)
+                (folder / f"call-{number}.txt").write_text(f"{observation!r}"[:4000])
+
+
+def shrink(result: RunResult, *, budget: float) -> RunResult:
+    """A smaller plan that still breaks the first invariant ``result`` broke.
+
+    Halves of the calls first (a key's calls go together), then each fault, then
+    each key, for at most ``budget`` seconds; the smallest failing run is returned.
+    """
+    if result.ok:
+        return result
+    invariant = result.violations[0].invariant
+    deadline = time.monotonic() + budget
+    best = result
+
+    def still_fails(plan: Plan) -> bool:
+        nonlocal best
+        if time.monotonic() > deadline or not plan.calls:
+            return False
+        attempt = run(plan)
+        if any(v.invariant == invariant for v in attempt.violations):
+            if best.folder is not None and best is not result:
+                shutil.rmtree(best.folder, ignore_errors=True)
+            best = attempt
+            return True
+        return False
+
+    keys = sorted({call.key or f"#{call.number}" for call in best.plan.calls})
+    while len(keys) > 1 and time.monotonic() < deadline:
+        half = set(keys[: len(keys) // 2])
+        for part in (half, set(keys) - half):
+            plan = _only(best.plan, part)
+            if still_fails(plan):
+                keys = sorted(part)
+                break
+        else:
+            break
+    for fault in best.plan.faults:
+        if time.monotonic() > deadline:
+            break
+        still_fails(best.plan.without(frozenset(), frozenset({fault.number})))
+    for key in sorted({call.key or f"#{call.number}" for call in best.plan.calls}):
+        current = {call.key or f"#{call.number}" for call in best.plan.calls}
+        if time.monotonic() > deadline:
+            break
+        if key in current and len(current) > 1:
+            still_fails(_only(best.plan, current - {key}))
+    return best
+
+
+def _only(plan: Plan, keys: set[str]) -> Plan:
+    calls = tuple(c for c in plan.calls if (c.key or f"#{c.number}") in keys)
+    return replace(plan, calls=calls)

@@ -1,0 +1,177 @@
+"""The torture checker's invariants find what they name, on histories built by hand.
+
+Each case is one defect a review found (a splice, a truncation taken as whole, a
+double bill, a key stuck in progress, a call log that lies): the check must
+report it, and must excuse a double bill only when a fault explains it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from payonce.torture.checks import (
+    BILLED_ONCE,
+    CALL_LOG,
+    KEY_REUSE,
+    NO_STUCK_KEYS,
+    REPLAY_EQUALS_FIRST,
+    WHOLE_ANSWERS,
+    History,
+    check,
+)
+from payonce.torture.driver import Observation
+from payonce.torture.nemesis import Played
+from payonce.torture.plan import Call, Fault
+
+TEXT = "Hello there."
+
+
+def _chunk(generation: str, content: str) -> bytes:
+    return b'data: {"id":"%s","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % (
+        generation.encode(),
+        content.encode(),
+    )
+
+
+def _stream(
+    generation: str, *, done: bool = True, pieces: tuple[str, ...] = ("Hello", " there.")
+) -> bytes:
+    body = b"".join(_chunk(generation, piece) for piece in pieces)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _seen(
+    number: int, body: bytes, *, key: str = "k", gateway: int = 0, **fields: Any
+) -> Observation:
+    call = Call(number=number, at=0.0, gateway=gateway, key=key, stream=True, **fields)
+    observation = Observation(call, started=number, ended=number + 0.5, status=200, body=body)
+    observation.clean = True
+    observation.request_id = f"r{number}"
+    return observation
+
+
+def _history(observations: list[Observation], bills: list[str], **fields: Any) -> History:
+    ledger = [{"provider_request_id": g, "user": "k"} for g in bills]
+    log = [
+        {
+            "request_id": o.request_id,
+            "status": 499 if o.left else o.status,
+            "ts": "2026-01-01T00:00:00Z",
+        }
+        for o in observations
+    ]
+    defaults: dict[str, Any] = {
+        "observations": observations,
+        "played": [],
+        "ledger": ledger,
+        "call_log": log,
+        "statuses": {"k": {"state": "completed"}},
+        "expected": {("chat", 0): TEXT},
+        "rss": {},
+    }
+    return History(**{**defaults, **fields})
+
+
+def _names(history: History) -> set[str]:
+    return {violation.invariant for violation in check(history, lease=3.0)}
+
+
+def test_a_run_that_kept_the_promise_passes() -> None:
+    history = _history([_seen(0, _stream("g1")), _seen(1, _stream("g1"))], ["g1"])
+    assert check(history, lease=3.0) == []
+
+
+def test_two_bills_for_one_key_without_a_fault_are_a_violation() -> None:
+    history = _history([_seen(0, _stream("g1")), _seen(1, _stream("g1"))], ["g1", "g2"])
+    assert _names(history) == {BILLED_ONCE}
+
+
+@pytest.mark.parametrize(
+    ("fault", "excused"),
+    [
+        (Fault(0, 0.0, "kill", 1.0, target=0), True),
+        (Fault(0, 0.0, "kill", 1.0, target=1), False),  # a gateway that never served the key
+        (Fault(0, 0.0, "stop", 2.5, target=0), True),
+        (Fault(0, 0.0, "stop", 1.0, target=0), False),  # shorter than 2/3 of the lease
+        (Fault(0, 0.0, "stall", 3.5), True),
+        (Fault(0, 0.0, "stall", 2.0), False),  # within the recorder's bound: one lease
+        (Fault(0, 0.0, "term", 1.0, target=0), False),
+    ],
+)
+def test_a_double_bill_is_excused_only_by_a_fault_that_explains_it(
+    fault: Fault, excused: bool
+) -> None:
+    history = _history(
+        [_seen(0, _stream("g1")), _seen(1, _stream("g1"))],
+        ["g1", "g2"],
+        played=[Played(fault, 0.2, 0.2 + fault.seconds)],
+    )
+    assert (_names(history) == set()) is excused
+    assert bool(history.excused) is excused
+
+
+def test_a_spliced_resume_is_two_generations_in_one_answer() -> None:
+    first = _seen(0, _chunk("g1", "Hello") + b"id: 1-aaaaaaaa\n\n", leave_after=1)
+    first.left, first.clean = True, False
+    resumed = _seen(1, _chunk("g2", " there.") + b"data: [DONE]\n\n", resume_of=0)
+    history = _history([first, resumed], ["g1", "g2"])
+    assert WHOLE_ANSWERS in _names(history)
+
+
+def test_a_stream_that_ended_cleanly_without_its_end_is_a_truncation() -> None:
+    history = _history([_seen(0, _stream("g1", done=False, pieces=("Hello",)))], ["g1"])
+    assert _names(history) == {WHOLE_ANSWERS}
+
+
+def test_an_error_event_relayed_as_it_came_is_not_a_truncation() -> None:
+    body = _chunk("g1", "Hel") + b'event: error\ndata: {"type":"error","error":{}}\n\n'
+    history = _history([_seen(0, body)], [])
+    assert check(history, lease=3.0) == []
+
+
+def test_two_generations_answering_one_key_break_replay_equality() -> None:
+    history = _history([_seen(0, _stream("g1")), _seen(1, _stream("g2"))], ["g1", "g2"])
+    assert REPLAY_EQUALS_FIRST in _names(history)
+
+
+def test_an_answer_whose_generation_was_never_billed_is_made_up() -> None:
+    history = _history([_seen(0, _stream("g9"))], ["g1"])
+    assert _names(history) == {WHOLE_ANSWERS}
+
+
+def test_a_key_left_in_progress_is_stuck() -> None:
+    history = _history([_seen(0, _stream("g1"))], ["g1"], statuses={"k": {"state": "in_progress"}})
+    assert _names(history) == {NO_STUCK_KEYS}
+
+
+def test_a_call_log_that_says_200_for_a_client_that_left_long_before_lies() -> None:
+    left = _seen(0, _chunk("g1", "Hello"), leave_after=1)
+    left.left, left.clean, left.left_at = True, False, 0.0
+    history = _history([left, _seen(1, _stream("g1"))], ["g1"])
+    history.call_log[0]["status"] = 200
+    history.call_log[0]["ts"] = "2026-01-01T00:00:05Z"
+    assert _names(history) == {CALL_LOG}
+
+
+def test_a_missing_call_log_line_is_a_violation_unless_its_gateway_was_killed() -> None:
+    observations = [_seen(0, _stream("g1"), gateway=1)]
+    history = _history(observations, ["g1"], call_log=[])
+    assert _names(history) == {CALL_LOG}
+    assert (
+        check(
+            _history(observations, ["g1"], call_log=[], killed_gateways=frozenset({1})), lease=3.0
+        )
+        == []
+    )
+
+
+def test_a_different_body_with_a_completed_key_must_be_refused() -> None:
+    first = _seen(0, _stream("g1"))
+    changed = _seen(2, _stream("g2"), mismatch=True)
+    assert KEY_REUSE in _names(_history([first, changed], ["g1", "g2"]))
+    # Before any answer completed the key, the same key may start again.
+    early = _seen(0, _stream("g1"))
+    early.ended = 9.0
+    assert KEY_REUSE not in _names(_history([early, changed], ["g1", "g2"]))
