@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from payonce.config import GatewaySettings
 from tests.support.processes import running
 
 
@@ -25,6 +26,13 @@ def payonce(
         cwd=cwd,
         check=False,
     )
+
+
+def test_a_ttl_shorter_than_the_upstream_timeout_is_accepted() -> None:
+    # A running call's record lives as long as its lease is renewed, whatever the
+    # ttl (docs/gateway.md, "Expiry"): --ttl only bounds how long an answer is kept.
+    settings = GatewaySettings(ttl=3, lease=1, upstream_timeout=10)
+    assert settings.ttl < settings.upstream_timeout
 
 
 @pytest.mark.parametrize(

@@ -206,7 +206,9 @@ def cli() -> None:
     type=Duration(),
     default="24h",
     show_default=True,
-    help="How long completed records are kept and replayed.",
+    help="How long a completed record is kept and replayed, from when its answer was"
+    " stored. A running call's record never expires while its lease is renewed, so"
+    " this may be shorter than --upstream-timeout.",
 )
 @click.option(
     "--max-body",

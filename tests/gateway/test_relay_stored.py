@@ -35,7 +35,9 @@ async def test_a_follower_of_a_released_run_never_gets_the_next_runs_events() ->
     b = (await store.claim("t", "k", "fp", lease=30, ttl=3600)).record
     assert await store.begin_stream("t", "k", b.token, 200, HEADERS)
     assert await store.append_events("t", "k", b.token, 1, [b"data: b%d\n\n" % n for n in range(6)])
-    assert await store.complete("t", "k", b.token, StoredResponse(200, HEADERS, b"", stream=True))
+    assert await store.complete(
+        "t", "k", b.token, StoredResponse(200, HEADERS, b"", stream=True), ttl=3600
+    )
 
     sent: list[dict[str, Any]] = []
 

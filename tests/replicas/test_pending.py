@@ -39,7 +39,7 @@ async def test_a_complete_that_failed_is_written_when_the_store_is_back(clock: M
     claim = await store.claim("t", "k", "fp", lease=30, ttl=3600)
     pending = PendingWrites(clock)
     token = claim.record.token
-    write = outage.guard(lambda: store.complete("t", "k", token, ANSWER))
+    write = outage.guard(lambda: store.complete("t", "k", token, ANSWER, ttl=3600))
     pending.add("complete", "k", write, clock.now() + 3600)
     assert await pending.retry() == 0 and len(pending) == 1
     outage.down = False
@@ -55,7 +55,7 @@ async def test_a_late_write_is_refused_once_another_holder_took_the_key_over(
     outage, store = Outage(), MemoryStore(clock)
     first = (await store.claim("t", "k", "fp", lease=1, ttl=3600)).record.token
     pending = PendingWrites(clock)
-    write = outage.guard(lambda: store.complete("t", "k", first, ANSWER))
+    write = outage.guard(lambda: store.complete("t", "k", first, ANSWER, ttl=3600))
     pending.add("complete", "k", write, clock.now() + 3600)
     clock.advance(2)  # the lease lapses during the outage; another gateway takes over
     takeover = await store.claim("t", "k", "fp", lease=30, ttl=3600)

@@ -29,7 +29,9 @@ async def test_first_claim_acquires_and_second_sees_in_progress(store: Store) ->
 
 async def test_complete_then_replays_are_counted_in_batches(store: Store) -> None:
     _, token = await claim(store)
-    assert await store.complete("t", "k", token, RESPONSE, usage={"input_tokens": 3}, cost_usd=0.5)
+    assert await store.complete(
+        "t", "k", token, RESPONSE, usage={"input_tokens": 3}, cost_usd=0.5, ttl=TTL
+    )
     for _ in range(2):
         result = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
         assert result.status is ClaimStatus.COMPLETED
@@ -49,7 +51,7 @@ async def test_complete_then_replays_are_counted_in_batches(store: Store) -> Non
 
 async def test_complete_adds_joined_duplicates_to_replays(store: Store) -> None:
     _, token = await claim(store)
-    assert await store.complete("t", "k", token, RESPONSE, replays=4)
+    assert await store.complete("t", "k", token, RESPONSE, replays=4, ttl=TTL)
     record = await store.get("t", "k")
     assert record is not None and record.replays == 4
 
@@ -57,7 +59,7 @@ async def test_complete_adds_joined_duplicates_to_replays(store: Store) -> None:
 async def test_different_fingerprint_is_a_mismatch_and_leaves_the_record(store: Store) -> None:
     _, token = await claim(store)
     assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
-    await store.complete("t", "k", token, RESPONSE)
+    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
     assert (await claim(store, fp="other"))[0] is ClaimStatus.MISMATCH
     record = await store.get("t", "k")
     assert record is not None and record.fingerprint == "fp" and record.response == RESPONSE
@@ -89,10 +91,10 @@ async def test_lease_expiry_lets_a_retry_take_over_and_fences_the_late_writer(
     status, new = await claim(store)
     assert status is ClaimStatus.ACQUIRED and new != old
     late = StoredResponse(200, (), b"late")
-    assert not await store.complete("t", "k", old, late)
+    assert not await store.complete("t", "k", old, late, ttl=TTL)
     assert not await store.renew("t", "k", old, lease=LEASE)
     assert not await store.release("t", "k", old)
-    assert await store.complete("t", "k", new, RESPONSE)
+    assert await store.complete("t", "k", new, RESPONSE, ttl=TTL)
     record = await store.get("t", "k")
     assert record is not None and record.response == RESPONSE
 
@@ -111,7 +113,7 @@ async def test_renew_keeps_the_lease(store: Store, clock: ManualClock) -> None:
         clock.advance(LEASE - 5)
         assert await store.renew("t", "k", token, lease=LEASE)
     assert (await claim(store))[0] is ClaimStatus.IN_PROGRESS
-    assert await store.complete("t", "k", token, RESPONSE)
+    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL)
     assert not await store.renew("t", "k", token, lease=LEASE), "completed records have no lease"
 
 
@@ -119,7 +121,7 @@ async def test_ttl_expiry_forgets_completed_records_and_purge_deletes_them(
     store: Store, clock: ManualClock
 ) -> None:
     _, token = await claim(store)
-    await store.complete("t", "k", token, RESPONSE)
+    await store.complete("t", "k", token, RESPONSE, ttl=TTL)
     await claim(store, key="young")
     clock.advance(TTL + 1)
     assert await store.get("t", "k") is None
@@ -137,7 +139,7 @@ async def test_wait_returns_when_the_holder_completes(store: Store) -> None:
 
     async def finish() -> None:
         await asyncio.sleep(0.05)
-        await store.complete("t", "k", token, RESPONSE)
+        await store.complete("t", "k", token, RESPONSE, ttl=TTL)
 
     task = asyncio.create_task(finish())
     record = await asyncio.wait_for(store.wait("t", "k", timeout=5), 3)
@@ -197,7 +199,7 @@ async def test_wait_keeps_waiting_through_a_renewal(store: Store, clock: ManualC
     clock.advance(2)  # past the first lease, within the renewed one
     await asyncio.sleep(0.2)
     assert not waiting.done(), "a renewed lease is not a change worth returning for"
-    assert await store.complete("t", "k", token, RESPONSE)
+    assert await store.complete("t", "k", token, RESPONSE, ttl=TTL)
     record = await asyncio.wait_for(waiting, 5)
     assert record is not None and record.state is RecordState.COMPLETED
 
@@ -207,7 +209,7 @@ async def test_wait_on_a_record_nobody_runs_returns_at_once(
 ) -> None:
     # Completed, gone or abandoned: nothing changes it by itself, so nothing to wait for.
     _, token = await claim(store, key="done")
-    await store.complete("t", "done", token, RESPONSE)
+    await store.complete("t", "done", token, RESPONSE, ttl=TTL)
     await claim(store, key="abandoned")
     clock.advance(LEASE + 1)
     for key in ("done", "abandoned", "never"):
@@ -223,7 +225,7 @@ async def test_a_record_whose_lease_lapsed_says_so(store: Store, clock: ManualCl
     assert lapsed is not None and lapsed.lease_lapsed(clock.now())
     status, new = await claim(store)
     assert status is ClaimStatus.ACQUIRED
-    assert await store.complete("t", "k", new, RESPONSE)
+    assert await store.complete("t", "k", new, RESPONSE, ttl=TTL)
     done = await store.get("t", "k")
     assert done is not None and not done.lease_lapsed(clock.now() + 2 * LEASE), "completed"
 
@@ -239,7 +241,7 @@ async def test_responses_round_trip_bytes_and_header_order(store: Store) -> None
     _, token = await claim(store)
     body = bytes(range(256)) * 10
     headers = (("x-b", "2"), ("x-a", "1"), ("set-cookie", "a=1"), ("set-cookie", "b=2"))
-    await store.complete("t", "k", token, StoredResponse(201, headers, body))
+    await store.complete("t", "k", token, StoredResponse(201, headers, body), ttl=TTL)
     record = await store.get("t", "k")
     assert record is not None and record.response == StoredResponse(201, headers, body)
 
@@ -255,7 +257,9 @@ async def test_a_stream_is_recorded_event_by_event_and_completed(store: Store) -
     assert running.streaming and running.events == 3
     assert await store.read_events("t", "k") == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
     assert await store.read_events("t", "k", after=2) == [b"data: 3\n\n"]
-    assert await store.complete("t", "k", token, StoredResponse(200, headers, b"", stream=True))
+    assert await store.complete(
+        "t", "k", token, StoredResponse(200, headers, b"", stream=True), ttl=TTL
+    )
     done = await store.get("t", "k")
     assert done is not None and done.state is RecordState.COMPLETED
     assert done.streaming and done.events == 3 and done.response is not None
@@ -295,7 +299,7 @@ async def test_releasing_or_expiring_a_stream_drops_its_events(
     _, token = await claim(store, key="expired")
     await store.begin_stream("t", "expired", token, 200, ())
     await store.append_events("t", "expired", token, 1, [b"y"])
-    await store.complete("t", "expired", token, StoredResponse(200, (), b"", stream=True))
+    await store.complete("t", "expired", token, StoredResponse(200, (), b"", stream=True), ttl=TTL)
     clock.advance(TTL + 1)
     await store.purge_expired()
     assert await store.read_events("t", "expired") == []
@@ -313,3 +317,75 @@ async def test_wait_wakes_up_on_new_events(store: Store) -> None:
     record = await asyncio.wait_for(store.wait("t", "k", timeout=5), 3)
     await task
     assert record is not None and record.events == 1
+
+
+# --- expiry and leases (issue 29, defect 3) ------------------------------------------------
+
+
+async def test_a_claims_expiry_is_never_inside_its_lease(store: Store, clock: ManualClock) -> None:
+    # ttl shorter than the lease plus a lease: the expiry follows the lease.
+    result = await store.claim("t", "k", "fp", lease=LEASE, ttl=LEASE)
+    assert result.status is ClaimStatus.ACQUIRED
+    for record in (result.record, await store.get("t", "k")):
+        assert record is not None
+        assert record.expires_at >= record.lease_expires_at + LEASE
+        assert record.expires_at >= record.created_at + LEASE
+    # A long ttl stays as it was: the expiry is the later of the two.
+    long = await store.claim("t", "long", "fp", lease=LEASE, ttl=TTL)
+    assert long.record.expires_at == clock.now() + TTL
+
+
+async def test_a_call_renewed_past_its_ttl_keeps_its_record(
+    store: Store, clock: ManualClock
+) -> None:
+    # A call that runs ten times its ttl, renewed every third of a lease: at no
+    # point may a claim take the key over, a read miss it, or a purge delete it.
+    ttl = LEASE
+    token = (await store.claim("t", "k", "fp", lease=LEASE, ttl=ttl)).record.token
+    for _ in range(30):
+        clock.advance(LEASE / 3)
+        assert await store.renew("t", "k", token, lease=LEASE)
+        record = await store.get("t", "k")
+        assert record is not None and record.state is RecordState.IN_PROGRESS
+        assert record.expires_at >= record.lease_expires_at + LEASE
+        assert (await claim(store))[0] is ClaimStatus.IN_PROGRESS
+        await store.purge_expired()
+        assert await store.get("t", "k") is not None, "purged while it ran"
+    assert await store.complete("t", "k", token, RESPONSE, ttl=ttl)
+    assert (await claim(store))[0] is ClaimStatus.COMPLETED
+
+
+async def test_a_completed_answer_lives_ttl_after_it_was_stored(
+    store: Store, clock: ManualClock
+) -> None:
+    claimed = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
+    clock.advance(TTL - 10)  # a long run, renewed
+    assert await store.renew("t", "k", claimed.record.token, lease=LEASE)
+    completed_at = clock.now()
+    assert await store.complete("t", "k", claimed.record.token, RESPONSE, ttl=TTL)
+    record = await store.get("t", "k")
+    assert record is not None and record.expires_at == completed_at + TTL
+    clock.advance(TTL - 1)  # long after first use + ttl, within ttl of the answer
+    result = await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)
+    assert result.status is ClaimStatus.COMPLETED and result.record.response == RESPONSE
+    await store.purge_expired()
+    assert await store.get("t", "k") is not None
+    clock.advance(2)
+    assert await store.get("t", "k") is None, "past ttl after its answer"
+    assert (await claim(store))[0] is ClaimStatus.ACQUIRED
+
+
+async def test_a_completed_stream_keeps_its_events_for_ttl_after_it_was_stored(
+    store: Store, clock: ManualClock
+) -> None:
+    token = (await store.claim("t", "s", "fp", lease=LEASE, ttl=LEASE)).record.token
+    assert await store.begin_stream("t", "s", token, 200, ())
+    for number in range(1, 11):
+        clock.advance(LEASE / 3)
+        assert await store.renew("t", "s", token, lease=LEASE)
+        assert await store.append_events("t", "s", token, number, [b"e%d" % number])
+    stream = StoredResponse(200, (), b"", stream=True)
+    assert await store.complete("t", "s", token, stream, ttl=LEASE)
+    clock.advance(LEASE - 1)
+    await store.purge_expired()
+    assert len(await store.read_events("t", "s")) == 10

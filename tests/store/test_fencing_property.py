@@ -117,7 +117,9 @@ class FencingMachine(RuleBasedStateMachine):
         assert token not in self.tokens[key], "a claim reused a token"
         self.tokens[key].append(token)
         now = self.clock.now()
-        self.model[key] = Expected(fingerprint, token, now, now + LEASE, now + TTL)
+        # The expiry is never inside a lease: at least a lease past its end.
+        expires_at = max(now + TTL, now + 2 * LEASE)
+        self.model[key] = Expected(fingerprint, token, now, now + LEASE, expires_at)
 
     # --- rules --------------------------------------------------------------------------
 
@@ -170,6 +172,7 @@ class FencingMachine(RuleBasedStateMachine):
             expected = self.live(key)
             assert expected is not None
             expected.lease_expires_at = self.clock.now() + lease
+            expected.expires_at = max(expected.expires_at, expected.lease_expires_at + lease)
 
     @precondition(lambda self: any(self.tokens.values()))
     @rule(key=st.sampled_from(KEYS), index=st.integers(0, 30), count=st.integers(1, 3))
@@ -202,10 +205,11 @@ class FencingMachine(RuleBasedStateMachine):
         streaming = expected is not None and expected.streaming and expected.token == token
         body = b"" if streaming else f"response {self.writes} by {token}".encode()
         response = StoredResponse(200, (("x-write", str(self.writes)),), body, stream=streaming)
-        done = self.run(self.store.complete("t", key, token, response))
+        done = self.run(self.store.complete("t", key, token, response, ttl=TTL))
         if self.check_write("complete", key, token, done):
             assert expected is not None
             expected.completed, expected.response = True, response
+            expected.expires_at = self.clock.now() + TTL  # ttl from the answer, not the claim
 
     @precondition(lambda self: any(self.tokens.values()))
     @rule(key=st.sampled_from(KEYS), index=st.integers(0, 30))

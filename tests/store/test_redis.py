@@ -135,7 +135,7 @@ async def test_keys_expire_in_redis_after_the_ttl(redis_server: RedisServer) -> 
     token = claim.record.token
     await store.begin_stream("t", "k", token, 200, ())
     await store.append_events("t", "k", token, 1, [b"e1", b"e2"])
-    await store.complete("t", "k", token, StoredResponse(200, (), b"", stream=True))
+    await store.complete("t", "k", token, StoredResponse(200, (), b"", stream=True), ttl=0.5)
     names = store.keys("t", "k")
     exists = ("EXISTS", names.record.decode(), names.events.decode())
     assert command(redis_server.port, *exists).strip() == ":2"
@@ -159,12 +159,41 @@ async def test_leases_and_ttl_follow_the_injected_clock_not_the_servers(
     clock.advance(31)
     second = await store.claim("t", "k", "fp", lease=30, ttl=3600)
     assert second.status is ClaimStatus.ACQUIRED and second.record.created_at == 10_031.0
-    assert not await store.complete("t", "k", first.record.token, RESPONSE)
-    assert await store.complete("t", "k", second.record.token, RESPONSE)
+    assert not await store.complete("t", "k", first.record.token, RESPONSE, ttl=3600)
+    assert await store.complete("t", "k", second.record.token, RESPONSE, ttl=3600)
     ttl_ms = int(command(redis_server.port, "PTTL", store.keys("t", "k").record.decode())[1:])
-    assert 3600_000 < ttl_ms <= 3660_000, "Redis keeps the keys ttl + margin from the claim"
+    assert 3600_000 < ttl_ms <= 3660_000, "Redis keeps the keys ttl + margin from the answer"
     clock.advance(3600)
     assert await store.get("t", "k") is None, "past its ttl by the gateway's clock"
+    await store.close()
+
+
+async def test_a_renewal_pushes_redis_own_expiry_past_the_lease(
+    redis_server: RedisServer,
+) -> None:
+    # Redis deletes a record by its PEXPIRE whatever the gateway's clock says: a
+    # running call's keys must outlive its lease there too, and a completed
+    # answer's must live ttl (plus the margin) from its completion.
+    redis_server.flush()
+    clock = ManualClock()
+    store = RedisStore(redis_server.url, clock, expiry_margin=1)
+    claim = await store.claim("t", "k", "fp", lease=30, ttl=0.5)
+    token = claim.record.token
+    assert await store.begin_stream("t", "k", token, 200, ())
+    assert await store.append_events("t", "k", token, 1, [b"e1"])
+    names = store.keys("t", "k")
+
+    def pttl(name: bytes) -> int:
+        return int(command(redis_server.port, "PTTL", name.decode())[1:])
+
+    assert pttl(names.record) > 60_000, "a claim's keys live past its lease plus a lease"
+    for name in (names.record, names.events):  # as a claim of an earlier version left them
+        command(redis_server.port, "PEXPIRE", name.decode(), "2000")
+    clock.advance(10)
+    assert await store.renew("t", "k", token, lease=30)
+    assert pttl(names.record) > 60_000 and pttl(names.events) > 60_000
+    assert await store.complete("t", "k", token, StoredResponse(200, (), b"", stream=True), ttl=5)
+    assert 5_000 < pttl(names.record) <= 6_000 and 5_000 < pttl(names.events) <= 6_000
     await store.close()
 
 
@@ -186,7 +215,7 @@ async def test_an_outage_fails_fast_and_a_restart_needs_no_gateway_restart(
     operations = [
         store.claim("t", "k", "fp", lease=30, ttl=60),
         store.renew("t", "before", token, lease=30),
-        store.complete("t", "before", token, RESPONSE),
+        store.complete("t", "before", token, RESPONSE, ttl=60),
         store.release("t", "before", token),
         store.begin_stream("t", "before", token, 200, ()),
         store.append_events("t", "before", token, 1, [b"x"]),
@@ -208,7 +237,7 @@ async def test_an_outage_fails_fast_and_a_restart_needs_no_gateway_restart(
     assert again.status is ClaimStatus.ACQUIRED
     late = asyncio.create_task(store.wait("t", "before", timeout=20))
     await asyncio.sleep(0.1)
-    assert await store.complete("t", "before", again.record.token, RESPONSE)
+    assert await store.complete("t", "before", again.record.token, RESPONSE, ttl=60)
     record = await asyncio.wait_for(late, 5)
     assert record is not None and record.state is RecordState.COMPLETED
     await store.ping()
@@ -232,7 +261,7 @@ async def test_scripts_are_loaded_again_after_the_server_forgets_them(
     redis_store: RedisStore, redis_server: RedisServer
 ) -> None:
     claim = await redis_store.claim("t", "k", "fp", lease=30, ttl=60)
-    assert await redis_store.complete("t", "k", claim.record.token, RESPONSE)
+    assert await redis_store.complete("t", "k", claim.record.token, RESPONSE, ttl=60)
     assert command(redis_server.port, "SCRIPT", "FLUSH").startswith("+OK")
     assert (
         await redis_store.claim("t", "k", "fp", lease=30, ttl=60)
@@ -276,7 +305,9 @@ async def test_waiters_are_woken_by_pubsub_not_by_polling(
         reads = 0
         waiter = asyncio.create_task(store.wait("t", "k", timeout=20))
         await _until(lambda: reads >= 1, "the waiter's first read")
-        assert await store.complete("t", "k", token, StoredResponse(200, (), b"", stream=True))
+        assert await store.complete(
+            "t", "k", token, StoredResponse(200, (), b"", stream=True), ttl=60
+        )
         record = await asyncio.wait_for(waiter, 10)
         assert record is not None and record.state is RecordState.COMPLETED
     finally:
@@ -370,7 +401,9 @@ async def test_bursts_of_mixed_commands_keep_their_own_results(
     assert command(redis_server.port, "SCRIPT", "FLUSH").startswith("+OK")
     results = await asyncio.gather(
         *(
-            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), str(i).encode()))
+            store.complete(
+                "t", f"k{i}", c.record.token, StoredResponse(200, (), str(i).encode()), ttl=60
+            )
             for i, c in enumerate(claims[:10])
         ),
         *(store.release("t", f"k{i}", "stale-token") for i in range(10, 20)),

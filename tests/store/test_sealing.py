@@ -214,7 +214,7 @@ async def test_every_serialising_store_holds_only_ciphertext(
     try:
         whole = await store.claim("tenant-a", "whole", "fp", lease=30, ttl=3600)
         response = StoredResponse(200, HEADERS, ANSWER)
-        assert await store.complete("tenant-a", "whole", whole.record.token, response)
+        assert await store.complete("tenant-a", "whole", whole.record.token, response, ttl=3600)
         streamed = await store.claim("tenant-a", "stream", "fp", lease=30, ttl=3600)
         token = streamed.record.token
         assert await store.begin_stream("tenant-a", "stream", token, 200, HEADERS)
@@ -233,7 +233,7 @@ async def test_every_serialising_store_holds_only_ciphertext(
             assert secret not in written
         # The control: without a key the same answer is there to be found.
         control = await plain.claim("tenant-a", "control", "fp", lease=30, ttl=3600)
-        assert await plain.complete("tenant-a", "control", control.record.token, response)
+        assert await plain.complete("tenant-a", "control", control.record.token, response, ttl=3600)
         assert b"the secret answer is 42" in raw()
         with pytest.raises(RecordUnreadable, match="has no encryption key"):
             await plain.get("tenant-a", "whole")

@@ -21,7 +21,7 @@ async def test_completed_records_survive_reopening(tmp_path: Path) -> None:
     clock = ManualClock()
     first = SQLiteStore(str(tmp_path / "p.db"), clock)
     claim = await first.claim("t", "k", "fp", lease=30, ttl=3600)
-    await first.complete("t", "k", claim.record.token, StoredResponse(200, (), b"x"))
+    await first.complete("t", "k", claim.record.token, StoredResponse(200, (), b"x"), ttl=3600)
     await first.close()
     second = SQLiteStore(str(tmp_path / "p.db"), clock)
     again = await second.claim("t", "k", "fp", lease=30, ttl=3600)
@@ -57,7 +57,7 @@ async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path
     locker.execute("BEGIN EXCLUSIVE")
     results = await asyncio.gather(
         *(
-            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"))
+            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"), ttl=3600)
             for i, c in enumerate(claims)
         ),
         return_exceptions=True,
@@ -70,7 +70,7 @@ async def test_writes_of_one_turn_share_a_transaction_and_fail_together(tmp_path
         assert record is not None and record.response is None, "nothing of a failed batch is kept"
     done = await asyncio.gather(
         *(
-            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"))
+            store.complete("t", f"k{i}", c.record.token, StoredResponse(200, (), b"x"), ttl=3600)
             for i, c in enumerate(claims)
         )
     )
@@ -304,6 +304,30 @@ async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
     assert await store.purge_expired() == 0
     assert await store.read_events("t", "live") == [b"e"]
     assert (await store.get("t", "live")) is not None
+    await store.close()
+
+
+async def test_a_running_call_is_never_purged_nor_taken_over_whatever_its_expiry(
+    tmp_path: Path,
+) -> None:
+    # A record whose expiry passed while its lease is live, as a gateway of an
+    # earlier version leaves it (its renewals did not push the expiry), sharing
+    # the file during a rolling upgrade: its holder is running the call.
+    clock = ManualClock()
+    store = SQLiteStore(str(tmp_path / "p.db"), clock)
+    claimed = await store.claim("t", "k", "fp", lease=30, ttl=60)
+    await store.begin_stream("t", "k", claimed.record.token, 200, ())
+    await store.append_events("t", "k", claimed.record.token, 1, [b"e"])
+    db = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    db.execute("UPDATE payonce_records SET expires_at = ?", (clock.now() - 1,))
+    db.close()
+    assert await store.purge_expired() == 0
+    assert await store.read_events("t", "k") == [b"e"]
+    again = await store.claim("t", "k", "fp", lease=30, ttl=60)
+    assert again.status is ClaimStatus.IN_PROGRESS, "a duplicate took a running call over"
+    assert again.record.token == claimed.record.token
+    clock.advance(31)  # the holder stopped renewing: its lease lapsed, the record goes
+    assert await store.purge_expired() == 1
     await store.close()
 
 

@@ -601,6 +601,8 @@ class Gateway:
             inject_stream_usage=self.settings.inject_stream_usage,
             pending=self.pending,
             max_stored_body=self.settings.max_stored_body,
+            ttl=self.settings.ttl,
+            clock=self.clock,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:
@@ -617,7 +619,7 @@ class Gateway:
     async def background(self) -> None:
         """The gateway's housekeeping: lease renewal, replay counts, purging expired records."""
         await housekeeping(
-            renew_leases(self.store, self.running, self.settings.lease),
+            renew_leases(self.store, self.running, self.settings.lease, self.clock),
             self.store,
             self.pending,
             self.replays,

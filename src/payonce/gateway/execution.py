@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from payonce.clock import Clock
 from payonce.errors import ProblemError, StorageError
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts, provider_request_id
@@ -26,7 +27,7 @@ from payonce.gateway.sse import ask_for_usage, is_event_stream, not_asked_for_us
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_usage_and_id
-from payonce.store import Store, StoredResponse
+from payonce.store import Store, StoredResponse, held_expiry
 
 # Lease renewals in flight at once.
 RENEW_CHUNK = 128
@@ -65,6 +66,10 @@ class Execution:
     key: str
     token: str
     fingerprint: str
+    # The record's expiry as this process knows it (store/base.py, "Expiry"): the
+    # claim's, pushed by each renewal, reset to ttl after the answer once it is
+    # stored. Computed from this process's clock read before each write, so never
+    # later than the store's: pending writes give up by it, replays are cached by it.
     expires_at: float
     head: asyncio.Future[Head] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -85,9 +90,12 @@ class Execution:
 
 
 async def renew_leases(
-    store: Store, running: dict[tuple[str, str], Execution], lease: float
+    store: Store, running: dict[tuple[str, str], Execution], lease: float, clock: Clock
 ) -> None:
     """Renew each run's lease a third of a lease after it was taken or renewed, forever.
+
+    Each renewal also moves the run's ``expires_at`` on as the store moves the
+    record's (``clock`` is the store's): a run longer than ``--ttl`` keeps its key.
 
     The loop looks every ``lease / RENEW_TICKS`` seconds and renews the runs that are
     due, so renewals are spread as the runs started. Renewing every run at once, every
@@ -107,7 +115,9 @@ async def renew_leases(
         # turn for each of thousands of runs in flight.
         for start in range(0, len(runs), RENEW_CHUNK):
             chunk = runs[start : start + RENEW_CHUNK]
-            await asyncio.gather(*(_renew(store, running, name, run, lease) for name, run in chunk))
+            await asyncio.gather(
+                *(_renew(store, running, name, run, lease, clock) for name, run in chunk)
+            )
 
 
 async def _renew(
@@ -116,13 +126,19 @@ async def _renew(
     name: tuple[str, str],
     execution: Execution,
     lease: float,
+    clock: Clock,
 ) -> None:
+    # Read before the store reads its own: the expiry computed here is never later
+    # than the one it stores.
+    lease_end = clock.now() + lease
     try:
         held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
     except StorageError as exc:
         log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
         return
-    if not held and running.get(name) is execution:
+    if held:
+        execution.expires_at = held_expiry(lease_end, lease, execution.expires_at)
+    elif running.get(name) is execution:
         log.warning("lost the lease of key %r; its result will not be stored", execution.key)
 
 
@@ -136,15 +152,24 @@ async def run_execution(
     inject_stream_usage: bool = True,
     pending: PendingWrites | None = None,
     max_stored_body: int | None = None,
+    ttl: float,
+    clock: Clock,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
-    Returns the stored response, or ``None`` when nothing was stored. A store
-    write that fails is left to ``pending``, which retries it once the store is back.
-    An answer over ``max_stored_body`` bytes (a stream: its events) is relayed
-    whole but not stored, and the key released (``facts.not_stored``).
+    Returns the stored response, or ``None`` when nothing was stored; a stored
+    answer is replayed for ``ttl`` from its completion (by ``clock``, the store's).
+    A store write that fails is left to ``pending``, which retries it once the
+    store is back. An answer over ``max_stored_body`` bytes (a stream: its
+    events) is relayed whole but not stored, and the key released
+    (``facts.not_stored``).
     """
-    until = execution.expires_at
+
+    # The record's expiry when a failed write is retried: renewals move it on
+    # while the run goes, so it is read then, not now.
+    def until() -> float:
+        return execution.expires_at
+
     name = (execution.tenant, execution.key)
     facts = execution.facts
     body = request.body
@@ -186,6 +211,7 @@ async def run_execution(
                         pending=pending,
                         until=until,
                         max_stored=max_stored_body,
+                        ttl=ttl,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(
@@ -201,7 +227,9 @@ async def run_execution(
         facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
         running.pop(name, None)
-        stored = await _settle(store, execution, outcome, pending, max_stored_body)
+        stored = await _settle(
+            store, execution, outcome, pending, max_stored_body, ttl=ttl, clock=clock
+        )
         execution.head.set_result(outcome)
         return stored
     except asyncio.CancelledError:
@@ -237,6 +265,9 @@ async def _settle(
     outcome: Outcome,
     pending: PendingWrites | None,
     max_stored_body: int | None,
+    *,
+    ttl: float,
+    clock: Clock,
 ) -> StoredResponse | None:
     tenant, key, token = execution.tenant, execution.key, execution.token
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
@@ -266,7 +297,9 @@ async def _settle(
         usage=facts.usage,
         cost_usd=facts.cost_usd,
         replays=execution.joined,
+        ttl=ttl,
     )
+    completing = clock.now()  # before the store's reading: never past its expiry
     try:
         stored = await complete()
     except StorageError as exc:
@@ -282,4 +315,5 @@ async def _settle(
             "the result of key %r was not stored: its lease passed to another holder", execution.key
         )
         return None
+    execution.expires_at = completing + ttl  # replayed for ttl after its answer
     return response

@@ -27,11 +27,15 @@ from dataclasses import dataclass
 from payonce.clock import Clock
 from payonce.errors import StorageError
 
-__all__ = ["PendingWrites"]
+__all__ = ["PendingWrites", "Until"]
 
 log = logging.getLogger("payonce.gateway")
 
 Write = Callable[[], Awaitable[bool]]
+# The record's expiry, or a function giving it as this process knows it when the
+# write is tried: a running call's expiry moves on with each renewal
+# (store/base.py, held_expiry), so one read when its run began may already be past.
+Until = float | Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +43,10 @@ class _Pending:
     what: str  # "complete" or "release", for the log
     key: str
     write: Write
-    until: float  # give up at this clock time (the record's expiry)
+    until: Until  # give up at this clock time (the record's expiry)
+
+    def expiry(self) -> float:
+        return self.until() if callable(self.until) else self.until
 
 
 class PendingWrites:
@@ -58,7 +65,7 @@ class PendingWrites:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def add(self, what: str, key: str, write: Write, until: float) -> None:
+    def add(self, what: str, key: str, write: Write, until: Until) -> None:
         if len(self._queue) >= self._limit:
             dropped = self._queue.popleft()
             log.warning(
@@ -73,7 +80,7 @@ class PendingWrites:
         written = 0
         while self._queue:
             pending = self._queue[0]
-            if self._clock.now() >= pending.until:
+            if self._clock.now() >= pending.expiry():
                 self._queue.popleft()
                 log.warning(
                     "gave up the %s of key %r: its record expired", pending.what, pending.key

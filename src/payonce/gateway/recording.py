@@ -23,7 +23,7 @@ from collections.abc import Callable
 from payonce.errors import ProblemError, StorageError
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
-from payonce.gateway.pending import PendingWrites
+from payonce.gateway.pending import PendingWrites, Until
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
@@ -43,7 +43,7 @@ async def release_quietly(
     key: str,
     token: str,
     pending: PendingWrites | None = None,
-    until: float = math.inf,
+    until: Until = math.inf,
 ) -> None:
     """Release the key; if the store is down, leave the release to ``pending`` (retried)."""
     try:
@@ -144,13 +144,15 @@ async def record_stream(
     joined: Callable[[], int],
     facts: UpstreamFacts,
     pending: PendingWrites | None = None,
-    until: float = math.inf,
+    until: Until = math.inf,
     max_stored: int | None = None,
+    ttl: float,
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record.
 
     Events past ``max_stored`` bytes are relayed and not recorded; the record is
-    then released (``facts.not_stored``), so a retry runs again.
+    then released (``facts.not_stored``), so a retry runs again. A completed
+    stream is replayed for ``ttl`` (:meth:`Store.complete`).
     """
     recorder = _Recorder(store, tenant, key, token, live, max_stored)
     recorder.begin(response.status, response.headers)
@@ -205,6 +207,7 @@ async def record_stream(
             usage=facts.usage,
             cost_usd=facts.cost_usd,
             replays=joined(),
+            ttl=ttl,
         )
     except StorageError as exc:
         log.error("could not complete the stream of key %r (retried later): %s", key, exc)
@@ -218,6 +221,7 @@ async def record_stream(
                 usage=facts.usage,
                 cost_usd=facts.cost_usd,
                 replays=joined(),
+                ttl=ttl,
             )
             pending.add("complete", key, late, until)
         return None

@@ -6,7 +6,15 @@ from urllib.parse import parse_qs
 
 from payonce.clock import Clock
 from payonce.errors import ConfigError
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, Store, StoredResponse
+from payonce.store.base import (
+    Claim,
+    ClaimStatus,
+    Record,
+    RecordState,
+    Store,
+    StoredResponse,
+    held_expiry,
+)
 from payonce.store.memory import MemoryStore
 from payonce.store.redis import SCHEMES as REDIS_SCHEMES
 from payonce.store.redis import parse_redis_url, redacted
@@ -24,6 +32,7 @@ __all__ = [
     "Sealing",
     "Store",
     "StoredResponse",
+    "held_expiry",
     "open_store",
     "validate_store_url",
 ]

@@ -2,15 +2,25 @@
 
 A record's life::
 
-    claim ──► IN_PROGRESS ──complete(token)──► COMPLETED ──(ttl)──► purged
-                 │   ▲                             │
-                 │   └─renew(token) every lease/3  └─ claim → Claim(COMPLETED): replay,
-                 │                                    counted later with add_replays
+    claim ──► IN_PROGRESS ──complete(token, ttl)──► COMPLETED ──(ttl)──► purged
+                 │   ▲                                  │
+                 │   └─renew(token) every lease/3       └─ claim → Claim(COMPLETED): replay,
+                 │                                         counted later with add_replays
                  └──release(token)──► (gone: the next claim runs again)
 
     lease expiry (the holder died):
     t0 claim(token=A, lease 30 s) ... holder silent ... t0+30 s: lease over
     t0+31 claim ──► token=B takes over; complete(token=A) is refused (fencing)
+
+Expiry (docs/gateway.md, "Expiry"): a record's ``expires_at`` is never inside a
+live lease. A claim sets it to the later of ``ttl`` from the claim and a lease
+past the lease's end (:func:`held_expiry`); every renewal pushes it to at least
+a lease past the new lease's end; completion resets it to ``ttl`` from the
+completion. So a call that runs longer than ``ttl`` keeps its record as long as
+its holder renews, and its answer is replayed for ``ttl`` after it was stored.
+A record whose lease is live is never expired, whatever its ``expires_at`` says
+(:meth:`Record.expired`: a record an earlier version wrote), so neither a claim
+nor a purge can take a running call's key.
 
 Tokens are random and unique per claim. The store is the only party that checks
 them (compare-and-set on every write), so uniqueness is what fencing needs here;
@@ -20,6 +30,7 @@ they need not be ordered.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -33,6 +44,7 @@ __all__ = [
     "RecordState",
     "Store",
     "StoredResponse",
+    "held_expiry",
     "new_token",
 ]
 
@@ -51,6 +63,18 @@ def new_token() -> str:
     enough and spares a syscall per claim.
     """
     return f"{_tokens.getrandbits(64):016x}"
+
+
+def held_expiry(lease_end: float, lease: float, expires_at: float = -math.inf) -> float:
+    """The expiry of a record whose lease ends at ``lease_end``: never inside the lease.
+
+    At least one ``lease`` past the lease's end, and never earlier than
+    ``expires_at`` (the ttl-based expiry a claim computes, or the record's
+    current one for a renewal). The extra lease is slack for a holder that
+    finishes just as its lease lapses (its ``complete`` still finds the record
+    held while nobody took it over) and for clocks of replicas that differ.
+    """
+    return max(expires_at, lease_end + lease)
 
 
 class RecordState(enum.Enum):
@@ -113,6 +137,18 @@ class Record:
         """
         return self.state is RecordState.IN_PROGRESS and self.lease_expires_at <= now
 
+    def expired(self, now: float) -> bool:
+        """Past its expiry and not running: absent for reads and claims, purged.
+
+        A record whose lease is live is never expired, whatever its
+        ``expires_at``: its holder is running the call (the stores keep
+        ``expires_at`` past a live lease themselves; this covers records an
+        earlier version wrote, whose renewals did not push it).
+        """
+        if self.expires_at > now:
+            return False
+        return not (self.state is RecordState.IN_PROGRESS and self.lease_expires_at > now)
+
 
 @dataclass(frozen=True, slots=True)
 class Claim:
@@ -138,8 +174,10 @@ class Store(Protocol):
     ) -> Claim:
         """Take the key, or report what holds it.
 
-        ACQUIRED when the key is new, its record expired (ttl), or its lease ran
-        out and the fingerprint matches (take-over with a new token).
+        ACQUIRED when the key is new, its record expired (:meth:`Record.expired`),
+        or its lease ran out and the fingerprint matches (take-over with a new
+        token). The new record's expiry is :func:`held_expiry` of its lease and
+        of ``ttl`` from now.
         COMPLETED when a response is stored under the same fingerprint (the
         caller counts the replay with :meth:`add_replays`, in batches: a write
         per replay would double its cost). MISMATCH when the fingerprint
@@ -171,7 +209,12 @@ class Store(Protocol):
         ...
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
-        """Extend the lease of the current holder."""
+        """Extend the lease of the current holder to ``lease`` from now.
+
+        The record's expiry is pushed to at least :func:`held_expiry` of the new
+        lease (never pulled back), so a call renewed past its ``ttl`` keeps its
+        record: no claim takes it over and no purge deletes it while it runs.
+        """
         ...
 
     async def complete(
@@ -184,11 +227,13 @@ class Store(Protocol):
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
+        ttl: float,
     ) -> bool:
         """Store the response; ``replays`` counts duplicates already answered with it.
 
-        The record keeps the expiry its claim set (``ttl`` after the claim):
-        a key is replayed for ``ttl`` from its first use, however long it ran.
+        The record's expiry is reset to ``ttl`` from now: an answer is replayed
+        for ``ttl`` after it was stored, however long its call ran (and
+        whatever its claim's expiry was).
         """
         ...
 
@@ -197,7 +242,7 @@ class Store(Protocol):
         ...
 
     async def get(self, tenant: str, key: str) -> Record | None:
-        """The live record, or ``None`` (absent or past its ttl)."""
+        """The live record, or ``None`` (absent or :meth:`Record.expired`)."""
         ...
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
@@ -215,9 +260,11 @@ class Store(Protocol):
         ...
 
     async def purge_expired(self, limit: int | None = None) -> int:
-        """Delete records past their ttl, at most ``limit`` of them; return how many.
+        """Delete expired records (:meth:`Record.expired`), at most ``limit``; return how many.
 
-        A return of ``limit`` means more may be left for another round.
+        A running call's record (in progress, its lease live) is never deleted,
+        whatever its ``expires_at``. A return of ``limit`` means more may be
+        left for another round.
         """
         ...
 

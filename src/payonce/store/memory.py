@@ -7,7 +7,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from payonce.clock import Clock, SystemClock
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.base import (
+    Claim,
+    ClaimStatus,
+    Record,
+    RecordState,
+    StoredResponse,
+    held_expiry,
+    new_token,
+)
 from payonce.store.waiters import Waiters
 
 __all__ = ["MemoryStore"]
@@ -31,7 +39,7 @@ class MemoryStore:
 
     def _live(self, tenant: str, key: str) -> Record | None:
         record = self._records.get((tenant, key))
-        if record is not None and record.expires_at <= self._clock.now():
+        if record is not None and record.expired(self._clock.now()):
             del self._records[(tenant, key)]
             self._events.pop((tenant, key), None)
             return None
@@ -57,7 +65,7 @@ class MemoryStore:
             token=new_token(),
             created_at=now,
             lease_expires_at=now + lease,
-            expires_at=now + ttl,
+            expires_at=held_expiry(now + lease, lease, now + ttl),
         )
         self._records[(tenant, key)] = record
         self._events.pop((tenant, key), None)
@@ -74,7 +82,11 @@ class MemoryStore:
         if record is None:
             return False
         lease_end = self._clock.now() + lease
-        self._records[(tenant, key)] = dataclasses.replace(record, lease_expires_at=lease_end)
+        self._records[(tenant, key)] = dataclasses.replace(
+            record,
+            lease_expires_at=lease_end,
+            expires_at=held_expiry(lease_end, lease, record.expires_at),
+        )
         return True
 
     async def complete(
@@ -87,6 +99,7 @@ class MemoryStore:
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
+        ttl: float,
     ) -> bool:
         record = self._held(tenant, key, token)
         if record is None:
@@ -97,6 +110,7 @@ class MemoryStore:
             state=RecordState.COMPLETED,
             response=response,
             completed_at=now,
+            expires_at=now + ttl,
             usage=dict(usage) if usage is not None else None,
             events=len(self._events.get((tenant, key), ())) if response.stream else 0,
             cost_usd=cost_usd,
@@ -176,7 +190,7 @@ class MemoryStore:
 
     async def purge_expired(self, limit: int | None = None) -> int:
         now = self._clock.now()
-        expired = [name for name, record in self._records.items() if record.expires_at <= now]
+        expired = [name for name, record in self._records.items() if record.expired(now)]
         if limit is not None:
             del expired[limit:]
         for name in expired:

@@ -43,7 +43,15 @@ import orjson
 
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.base import (
+    Claim,
+    ClaimStatus,
+    Record,
+    RecordState,
+    StoredResponse,
+    held_expiry,
+    new_token,
+)
 from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
 from payonce.store.sealing import PLAIN, Codec
@@ -102,7 +110,9 @@ _COLUMNS = (
     " WHERE e.tenant = payonce_records.tenant AND e.key = payonce_records.key)"
 )
 # Insert a new claim, or take over a record that expired or whose holder's
-# lease ran out (same fingerprint only: a different request must get 422).
+# lease ran out (same fingerprint only: a different request must get 422). A
+# record whose lease is live has not expired, whatever its expires_at (one an
+# earlier version wrote: its renewals did not push the expiry): Record.expired.
 _CLAIM = """
 INSERT INTO payonce_records
     (tenant, key, fingerprint, state, token, created_at, lease_expires_at, expires_at)
@@ -112,16 +122,26 @@ ON CONFLICT (tenant, key) DO UPDATE SET
     created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at, completed_at = NULL, status = NULL, headers = NULL,
     body = NULL, replays = 0, usage = NULL, cost_usd = NULL, stream = 0, events = 0
-WHERE payonce_records.expires_at <= ?5
+WHERE (payonce_records.expires_at <= ?5
+       AND NOT (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at > ?5))
    OR (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at <= ?5
        AND payonce_records.fingerprint = excluded.fingerprint)
 RETURNING token
 """
+# A holder of this version always has expires_at past its live lease (renew),
+# so the expiry alone says whether its record is still there to write.
 _HELD = "tenant = ? AND key = ? AND token = ? AND state = 'in_progress' AND expires_at > ?"
+# Not expired (Record.expired), with ?3 the time: reads see a running call's record.
+_LIVE = "(expires_at > ?3 OR (state = 'in_progress' AND lease_expires_at > ?3))"
 # One purge chunk: the oldest expired records by the expiry index (which orders
 # ties by rowid, so both statements of a chunk, run back to back in one
-# transaction, pick the same rows), their events first.
-_EXPIRED = "SELECT {} FROM payonce_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :n"
+# transaction, pick the same rows), their events first. A running call's record
+# (its lease live) is never purged, whatever its expires_at.
+_EXPIRED = (
+    "SELECT {} FROM payonce_records WHERE expires_at <= :now"
+    " AND NOT (state = 'in_progress' AND lease_expires_at > :now)"
+    " ORDER BY expires_at LIMIT :n"
+)
 _PURGE_EVENTS = (
     "DELETE FROM payonce_events WHERE (tenant, key) IN (" + _EXPIRED.format("tenant, key") + ")"
 )
@@ -284,7 +304,8 @@ class SQLiteStore:
         now = self._clock.now()
         token = new_token()
         # Numbered, not named, parameters: a tuple binds faster than a dict (?5 is now).
-        params = (tenant, key, fingerprint, token, now, now + lease, now + ttl)
+        expires_at = held_expiry(now + lease, lease, now + ttl)
+        params = (tenant, key, fingerprint, token, now, now + lease, expires_at)
         if await self._write(_CLAIM, params, fetch=True) is not None:
             record = Record(
                 tenant=tenant,
@@ -294,7 +315,7 @@ class SQLiteStore:
                 token=token,
                 created_at=now,
                 lease_expires_at=now + lease,
-                expires_at=now + ttl,
+                expires_at=expires_at,
             )
             return Claim(ClaimStatus.ACQUIRED, record)
         existing = await self.get(tenant, key)
@@ -308,9 +329,12 @@ class SQLiteStore:
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
         now = self._clock.now()
+        lease_end = now + lease
+        # The expiry only ever moves later here: never inside the new lease.
         changed = await self._write(
-            f"UPDATE payonce_records SET lease_expires_at = ? WHERE {_HELD}",
-            (now + lease, tenant, key, token, now),
+            "UPDATE payonce_records SET lease_expires_at = ?, expires_at = MAX(expires_at, ?)"
+            f" WHERE {_HELD}",
+            (lease_end, held_expiry(lease_end, lease), tenant, key, token, now),
             deferred=True,  # no client waits; a lease outlives its renewal period
         )
         return bool(changed == 1)
@@ -325,14 +349,16 @@ class SQLiteStore:
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
+        ttl: float,
     ) -> bool:
         now = self._clock.now()
         changed = await self._write(
-            "UPDATE payonce_records SET state = 'completed', completed_at = ?,"
+            "UPDATE payonce_records SET state = 'completed', completed_at = ?, expires_at = ?,"
             " status = ?, headers = ?, body = ?, usage = ?, cost_usd = ?, stream = ?,"
             f" replays = replays + ? WHERE {_HELD}",
             (
                 now,
+                now + ttl,
                 response.status,
                 *self._codec.response_out(tenant, key, response),
                 orjson.dumps(dict(usage)) if usage is not None else None,
@@ -430,8 +456,7 @@ class SQLiteStore:
 
     async def get(self, tenant: str, key: str) -> Record | None:
         row = await self._read(
-            f"SELECT {_COLUMNS} FROM payonce_records"
-            " WHERE tenant = ? AND key = ? AND expires_at > ?",
+            f"SELECT {_COLUMNS} FROM payonce_records WHERE tenant = ?1 AND key = ?2 AND {_LIVE}",
             (tenant, key, self._clock.now()),
             one=True,
         )

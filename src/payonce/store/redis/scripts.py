@@ -17,7 +17,16 @@ exists, its ``token`` field is ``ARGV[1]``, its ``state`` is ``in_progress`` and
 its ``expires_at`` is after ``now``. It returns 1 when it wrote, 0 when it did
 not (the caller's lease was lost). The lease itself (``lease_expires_at``) is
 not checked: a holder whose lease ran out may still finish as long as nobody
-took the key over, as in the other stores.
+took the key over, as in the other stores. (A live lease always has its
+``expires_at`` at least a lease past its end: claims and renewals put it there.)
+
+A record is *live* while its ``expires_at`` is after ``now`` or, in progress,
+its lease is (:meth:`payonce.store.base.Record.expired`): a record an earlier
+version wrote may have a live lease past its expiry, and its call is running.
+
+Redis's own expiry (``PEXPIRE``, garbage collection only) follows the record's:
+a claim and every renewal set it to at least ``expires_at`` plus the store's
+margin, never shorter than it was; a completion resets it to ttl plus the margin.
 
 Time never comes from the Redis server: scripts compare the ``now`` they are
 given with times the gateway wrote, so an injected clock (the test suite's
@@ -80,8 +89,8 @@ end
 # ARGV[2] - token for a new holder (random, minted by the caller)
 # ARGV[3] - now
 # ARGV[4] - lease_expires_at for a new holder
-# ARGV[5] - expires_at for a new holder (now + ttl)
-# ARGV[6] - milliseconds until Redis deletes the keys (ttl plus a margin)
+# ARGV[5] - expires_at for a new holder (store.base.held_expiry)
+# ARGV[6] - milliseconds until Redis deletes the keys (until expires_at, plus a margin)
 # Returns {'acquired'} when the caller now holds the key (new, past its ttl, or
 # lease ran out with the same fingerprint), else {status, field, value, ...}:
 # 'mismatch', 'completed' or 'in_progress' followed by the record (HGETALL).
@@ -97,7 +106,9 @@ CLAIM = Script(
 local now = tonumber(ARGV[3])
 local found = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_expires_at',
     'expires_at', 'token')
-if found[1] and tonumber(found[4]) > now then
+local live = found[1] and (tonumber(found[4]) > now
+    or (found[2] == 'in_progress' and tonumber(found[3]) > now))
+if live then
     if found[5] == ARGV[2] then
         return {'acquired'}
     end
@@ -124,16 +135,27 @@ return {'acquired'}
 """,
 )
 
-# KEYS[1] - record
+# KEYS[1] - record, KEYS[2] - events
 # ARGV[1] - token, ARGV[2] - now
 # ARGV[3] - the new lease_expires_at
-# Returns 1 when renewed, 0 when not held.
+# ARGV[4] - the earliest expires_at the record may have now (store.base.held_expiry)
+# ARGV[5] - milliseconds until Redis may delete the keys (until ARGV[4], plus a margin)
+# Returns 1 when renewed, 0 when not held. Neither expiry is ever moved earlier:
+# a call that runs past its ttl keeps its keys as long as it is renewed.
 RENEW = Script(
     "renew",
     _HELD
     + """
 if not held() then return 0 end
 redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[3])
+if tonumber(redis.call('HGET', KEYS[1], 'expires_at')) < tonumber(ARGV[4]) then
+    redis.call('HSET', KEYS[1], 'expires_at', ARGV[4])
+end
+local gc = tonumber(ARGV[5])
+for _, name in ipairs(KEYS) do
+    local pttl = redis.call('PTTL', name)
+    if pttl ~= -2 and pttl < gc then redis.call('PEXPIRE', name, gc) end
+end
 return 1
 """,
 )
@@ -145,8 +167,10 @@ return 1
 # ARGV[8] - '1' for a streamed response (its events are counted), else '0'
 # ARGV[9] - replays to add (duplicates already answered)
 # ARGV[10] - usage (JSON) or '', ARGV[11] - cost_usd or ''
+# ARGV[12] - expires_at (now + ttl), ARGV[13] - milliseconds until Redis deletes
+# the keys (ttl plus a margin)
 # Returns 1 when stored (and publishes 'completed'), 0 when not held.
-# The keys keep the expiry their claim set: ttl counts from the first use.
+# The expiry is reset: an answer is replayed for ttl after it was stored.
 COMPLETE = Script(
     "complete",
     _HELD
@@ -155,7 +179,10 @@ if not held() then return 0 end
 local events = 0
 if ARGV[8] == '1' then events = redis.call('LLEN', KEYS[2]) end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'completed_at', ARGV[2], 'status', ARGV[5],
-    'headers', ARGV[6], 'body', ARGV[7], 'stream', ARGV[8], 'events', events)
+    'headers', ARGV[6], 'body', ARGV[7], 'stream', ARGV[8], 'events', events,
+    'expires_at', ARGV[12])
+redis.call('PEXPIRE', KEYS[1], ARGV[13])
+if events > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[13]) end
 redis.call('HINCRBY', KEYS[1], 'replays', ARGV[9])
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'usage', ARGV[10])
 else redis.call('HDEL', KEYS[1], 'usage') end
@@ -232,12 +259,15 @@ return 1
 # KEYS[1] - record, KEYS[2] - events
 # ARGV[1] - now
 # ARGV[2] - how many events to skip (the caller has them)
-# Returns the events after ARGV[2], or {} when the record is gone or past its ttl.
+# Returns the events after ARGV[2], or {} when the record is gone or not live.
 READ_EVENTS = Script(
     "read_events",
     """
-local expires_at = redis.call('HGET', KEYS[1], 'expires_at')
-if not expires_at or tonumber(expires_at) <= tonumber(ARGV[1]) then return {} end
+local now = tonumber(ARGV[1])
+local record = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'lease_expires_at')
+if not record[1] then return {} end
+if tonumber(record[1]) <= now
+    and not (record[2] == 'in_progress' and tonumber(record[3]) > now) then return {} end
 return redis.call('LRANGE', KEYS[2], ARGV[2], -1)
 """,
 )

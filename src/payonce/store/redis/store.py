@@ -8,9 +8,10 @@ single server. Waiting uses per-record Pub/Sub (:mod:`.notify`).
 
 Time comes from the injected clock, passed to every script: leases and TTLs
 follow the gateway's clock (the tests' ``ManualClock``), never the server's.
-Redis's own expiry only collects garbage: a claim sets ``PEXPIRE`` to the ttl
-plus ``expiry_margin`` (60 s by default, for clock differences between
-replicas), so :meth:`RedisStore.purge_expired` has nothing to do.
+Redis's own expiry only collects garbage: a claim and each renewal set ``PEXPIRE``
+to the record's expiry plus ``expiry_margin`` (60 s by default, for clock
+differences between replicas), never shorter than it was, and a completion to
+the ttl plus the margin, so :meth:`RedisStore.purge_expired` has nothing to do.
 
 Errors are translated once, here: a timeout becomes
 :class:`~payonce.errors.StorageTimeout`, anything else Redis raises
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
@@ -41,7 +43,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from payonce.clock import Clock, SystemClock
 from payonce.errors import StorageError, StorageTimeout
-from payonce.store.base import Claim, ClaimStatus, Record, RecordState, StoredResponse, new_token
+from payonce.store.base import (
+    Claim,
+    ClaimStatus,
+    Record,
+    RecordState,
+    StoredResponse,
+    held_expiry,
+    new_token,
+)
 from payonce.store.redis import scripts
 from payonce.store.redis.batch import Batcher
 from payonce.store.redis.keys import RecordKeys, record_keys
@@ -69,6 +79,14 @@ _FAILURES = (RedisError, RedisClusterException, OSError)
 
 def _optional_float(value: bytes | None) -> float | None:
     return float(value) if value is not None else None
+
+
+def _expired(fields: Mapping[bytes, bytes], now: float) -> bool:
+    """:meth:`Record.expired` from the raw fields, before anything is decoded."""
+    if float(fields[b"expires_at"]) > now:
+        return False
+    running = fields[b"state"] == b"in_progress"
+    return not (running and float(fields[b"lease_expires_at"]) > now)
 
 
 def _record(tenant: str, key: str, fields: Mapping[bytes, bytes], codec: Codec) -> Record:
@@ -209,9 +227,10 @@ class RedisStore:
     ) -> Claim:
         now = self._clock.now()
         token = new_token()
-        lease_end, expires_at = now + lease, now + ttl
+        lease_end = now + lease
+        expires_at = held_expiry(lease_end, lease, now + ttl)
         keys = self.keys(tenant, key)
-        gc_ms = int(ttl * 1000) + self._margin_ms
+        gc_ms = self._gc_ms(expires_at - now)
         reply = await self._run(
             scripts.CLAIM,
             keys,
@@ -237,10 +256,25 @@ class RedisStore:
         fields = dict(zip(reply[1::2], reply[2::2], strict=True))
         return Claim(_STATUSES[reply[0]], _record(tenant, key, fields, self._codec))
 
+    def _gc_ms(self, seconds: float) -> int:
+        """Milliseconds until Redis may delete keys whose record expires in ``seconds``."""
+        return math.ceil(seconds * 1000) + self._margin_ms
+
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:
         now = self._clock.now()
+        lease_end = now + lease
+        expires_at = held_expiry(lease_end, lease)
         keys = self.keys(tenant, key)
-        return bool(await self._run(scripts.RENEW, keys, token, repr(now), repr(now + lease)))
+        renewed = await self._run(
+            scripts.RENEW,
+            keys,
+            token,
+            repr(now),
+            repr(lease_end),
+            repr(expires_at),
+            self._gc_ms(expires_at - now),
+        )
+        return bool(renewed)
 
     async def complete(
         self,
@@ -252,13 +286,15 @@ class RedisStore:
         usage: Mapping[str, int] | None = None,
         cost_usd: float | None = None,
         replays: int = 0,
+        ttl: float,
     ) -> bool:
         keys = self.keys(tenant, key)
+        now = self._clock.now()
         done = await self._run(
             scripts.COMPLETE,
             keys,
             token,
-            repr(self._clock.now()),
+            repr(now),
             keys.channel,
             self._publish,
             response.status,
@@ -267,6 +303,8 @@ class RedisStore:
             replays,
             orjson.dumps(dict(usage)) if usage is not None else b"",
             repr(cost_usd) if cost_usd is not None else b"",
+            repr(now + ttl),
+            self._gc_ms(ttl),
         )
         return bool(done)
 
@@ -347,7 +385,7 @@ class RedisStore:
             else:
                 found = await self._batch.execute("HGETALL", name)
             fields = cast("dict[bytes, bytes]", found)
-        if not fields or float(fields[b"expires_at"]) <= self._clock.now():
+        if not fields or _expired(fields, self._clock.now()):
             return None
         return _record(tenant, key, fields, self._codec)
 
