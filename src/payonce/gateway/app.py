@@ -601,6 +601,7 @@ class Gateway:
             inject_stream_usage=self.settings.inject_stream_usage,
             pending=self.pending,
             max_stored_body=self.settings.max_stored_body,
+            lease=self.settings.lease,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:

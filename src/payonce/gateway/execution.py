@@ -136,6 +136,7 @@ async def run_execution(
     inject_stream_usage: bool = True,
     pending: PendingWrites | None = None,
     max_stored_body: int | None = None,
+    lease: float = 30.0,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
@@ -186,6 +187,7 @@ async def run_execution(
                         pending=pending,
                         until=until,
                         max_stored=max_stored_body,
+                        lease=lease,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(
