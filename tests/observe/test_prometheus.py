@@ -680,6 +680,8 @@ def expected_panels(
         (24, "B"): Expect(0.0),
         (25, "A"): Expect(today.store_errors / window),
         (25, "B"): Expect(today.unprotected_forwards / window),
+        # No stream meets the store's outage in the scenario: every stream is stored.
+        (25, "C"): Expect(0.0),
         # No per-tenant limit is set in the scenario: nothing refused, everything stored.
         (26, "A"): Expect(by=("limit",), values={"in_flight": 0.0, "new_keys": 0.0}),
         (26, "B"): Expect(0.0),

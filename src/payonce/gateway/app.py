@@ -603,6 +603,7 @@ class Gateway:
             max_stored_body=self.settings.max_stored_body,
             ttl=self.settings.ttl,
             clock=self.clock,
+            lease=self.settings.lease,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:

@@ -154,6 +154,7 @@ async def run_execution(
     max_stored_body: int | None = None,
     ttl: float,
     clock: Clock,
+    lease: float = 30.0,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
@@ -212,6 +213,7 @@ async def run_execution(
                         until=until,
                         max_stored=max_stored_body,
                         ttl=ttl,
+                        lease=lease,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(

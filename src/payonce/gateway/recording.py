@@ -8,8 +8,13 @@ retry after completion replays the same events.
 A stream counts as complete when the upstream ends its body cleanly. If the
 upstream dies mid-way, the record is released: what was recorded is dropped
 and a retry runs the request again (a provider does not bill an unfinished
-generation either). If recording fails (store down, lease lost), the stream is
-still relayed to the end but not completed.
+generation either). If the lease is lost, the stream is still relayed to the
+end but not completed. A store that cannot answer for a while (an outage, a
+lock held by another process) does not stop the recording: the events wait in
+memory and are written again every ``RETRY_SECONDS`` until the store takes
+them, so the retry is still a replay; only past ``MAX_BACKLOG`` bytes or one
+lease from the first failure is the stream relayed but not stored
+(``not_stored: store_unavailable``).
 """
 
 from __future__ import annotations
@@ -29,12 +34,23 @@ from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
 from payonce.store import Store, StoredResponse
 
-__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "record_stream", "release_quietly"]
+__all__ = [
+    "FLUSH_EVENTS",
+    "FLUSH_SECONDS",
+    "MAX_BACKLOG",
+    "RETRY_SECONDS",
+    "record_stream",
+    "release_quietly",
+]
 
 log = logging.getLogger("payonce.gateway")
 
 FLUSH_EVENTS = 64
 FLUSH_SECONDS = 0.05
+# While the store cannot take a stream's events: how often they are written again,
+# and at most how many bytes of them wait in memory (docs/gateway.md, "Store outages").
+RETRY_SECONDS = 0.25
+MAX_BACKLOG = 4 * 1024 * 1024
 
 
 async def release_quietly(
@@ -55,7 +71,19 @@ async def release_quietly(
 
 
 class _Recorder:
-    """Batches events into :meth:`Store.append_events` calls; stops at the first failure."""
+    """Writes events to the store in batches, from a task of its own, in order.
+
+    The writes run beside the relay, never in its way: :meth:`add` only queues
+    events and wakes the writer (it waits only when 4 MiB are queued behind a
+    write still in flight, to bound memory). A write that fails with a
+    :class:`StorageError` is not the end of the record: a store that cannot
+    answer for a second or two (another process holding SQLite's write lock, a
+    Redis paused) would otherwise release the key at the stream's end, and the
+    retry would run, and bill, the generation again. The events are kept and
+    written again every ``RETRY_SECONDS``, within a bound (``MAX_BACKLOG``
+    bytes, one lease from the first failure); past it recording gives up and
+    the record is released, as before.
+    """
 
     def __init__(
         self,
@@ -65,30 +93,39 @@ class _Recorder:
         token: str,
         live: LiveStream,
         max_stored: int | None = None,
+        lease: float = 30.0,
     ) -> None:
         self.store, self.tenant, self.key, self.token = store, tenant, key, token
         self.live = live
-        self.pending: list[bytes] = []
+        self.lease = lease
+        # Events not yet recorded, numbered recorded + 1, recorded + 2, ...
+        self.backlog: list[bytes] = []
+        self.backlog_bytes = 0
         self.recorded = 0
         self.ok = True
         # Bytes of events left before --max-stored-body is passed (None: no bound).
         self.room = max_stored
         self.too_large = False
-        self._last_flush = asyncio.get_running_loop().time()
-        self._begun: asyncio.Task[None] | None = None
+        self.unavailable = False  # gave up: the store was down past the bound
+        self._loop = asyncio.get_running_loop()
+        self._last_flush = self._loop.time()
+        self._head: tuple[int, tuple[tuple[str, str], ...]] | None = None
+        self._begun = False
+        # When the first write of the current outage failed (None: no outage).
+        self._failing_since: float | None = None
+        # A write went through since that failure; one more, later, ends the outage.
+        self._answered = False
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._written = asyncio.Event()  # after each write attempt
+        self._writer: asyncio.Task[None] | None = None
 
     def begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         """Start recording in the background: relaying the first event must not wait for it."""
-        self._begun = asyncio.get_running_loop().create_task(self._begin(status, headers))
-
-    async def _begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
-        try:
-            held = await self.store.begin_stream(self.tenant, self.key, self.token, status, headers)
-        except StorageError as exc:
-            log.error("cannot record the stream of key %r: %s", self.key, exc)
-            held = False
-        # Events may have passed --max-stored-body meanwhile: that stop stands.
-        self.ok = self.ok and held
+        self._head = (status, headers)
+        self._writer = self._loop.create_task(self._write_loop())
+        # However the writer ends, nobody stays waiting for it in add().
+        self._writer.add_done_callback(lambda _: self._written.set())
 
     async def add(self, events: list[bytes]) -> None:
         if self.room is not None:
@@ -101,34 +138,157 @@ class _Recorder:
                         "the stream of key %r passed --max-stored-body: relayed, not stored",
                         self.key,
                     )
-                self.too_large, self.ok = True, False
-                self.pending.clear()
+                self.too_large = True
+                self._stop()
                 return
-        self.pending.extend(events)
-        now = asyncio.get_running_loop().time()
-        if len(self.pending) >= FLUSH_EVENTS or now - self._last_flush >= FLUSH_SECONDS:
-            await self.flush()
-
-    async def flush(self) -> None:
-        self._last_flush = asyncio.get_running_loop().time()
-        if self._begun is not None:
-            await self._begun
-        if not self.pending or not self.ok:
-            self.pending.clear()
+        if not self.ok:
             return
-        batch, self.pending = self.pending, []
+        self.backlog.extend(events)
+        self.backlog_bytes += sum(map(len, events))
+        if self._failing_since is not None:
+            if self.backlog_bytes > MAX_BACKLOG:
+                self._give_up(f"{MAX_BACKLOG >> 20} MiB of events waited for it")
+            return  # the writer retries on its own schedule
+        now = self._loop.time()
+        if (
+            len(self.backlog) >= FLUSH_EVENTS
+            or now - self._last_flush >= FLUSH_SECONDS
+            or self.backlog_bytes > MAX_BACKLOG
+        ):
+            self._last_flush = now
+            self._wake.set()
+        # Memory stays bounded behind a slow (not failing) write: wait for it, as
+        # writing in line did. A write that fails ends the wait (the bound above).
+        while (
+            self.ok
+            and self._failing_since is None
+            and self.backlog_bytes > MAX_BACKLOG
+            and self._writer is not None
+            and not self._writer.done()
+        ):
+            self._written.clear()
+            await self._written.wait()
+
+    async def finish(self) -> None:
+        """Write what is left, waiting out an outage within the bound; then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    def cancel(self) -> None:
+        """Stop writing at once (the stream broke off, or its run was cancelled)."""
+        self.ok = False
+        if self._writer is not None:
+            self._writer.cancel()
+
+    def _stop(self) -> None:
+        self.ok = False
+        self.backlog.clear()
+        self.backlog_bytes = 0
+        self._wake.set()
+        self._written.set()
+
+    def _give_up(self, why: str) -> None:
+        """Past the bound: one line for the stream, and the record is released at its end."""
+        log.error(
+            "gave up recording the stream of key %r: the store did not answer for %.1f s"
+            " and %s; relayed, not stored, its key released (a retry runs again)",
+            self.key,
+            self._loop.time() - (self._failing_since or self._loop.time()),
+            why,
+        )
+        self.unavailable = True
+        self._stop()
+
+    def _done(self) -> bool:
+        return self._closing and self._begun and not self.backlog and self._failing_since is None
+
+    async def _write_loop(self) -> None:
+        # The head at once: followers on other replicas see the stream begin.
+        await self._write()
+        self._written.set()
+        while self.ok and not self._done():
+            if self._failing_since is None:
+                await self._wake.wait()
+                self._wake.clear()
+            else:
+                await asyncio.sleep(RETRY_SECONDS)
+                if self._loop.time() - self._failing_since >= self.lease:
+                    self._give_up("one --lease passed")
+                    return
+            if self.ok:
+                await self._write()
+                self._written.set()
+
+    async def _write(self) -> None:
+        """One attempt: the stream's head if not yet written, then every event queued."""
         try:
-            held = await self.store.append_events(
+            if not self._begun:
+                assert self._head is not None
+                status, headers = self._head
+                if not await self.store.begin_stream(
+                    self.tenant, self.key, self.token, status, headers
+                ):
+                    self._lost()
+                    return
+                self._begun = True
+            batch = list(self.backlog)
+            if batch and not await self.store.append_events(
                 self.tenant, self.key, self.token, self.recorded + 1, batch
-            )
+            ):
+                self._lost()
+                return
+            if self._failing_since is not None:
+                await self._answering_again()
+                if self._failing_since is not None:
+                    return  # keep the events: the next attempt writes them once more
         except StorageError as exc:
-            log.error("stopped recording the stream of key %r: %s", self.key, exc)
-            held = False
-        if held:
-            self.recorded += len(batch)
-            self.live.trim(self.recorded)
-        else:
-            self.ok = False
+            self._failed(exc)
+            return
+        self.recorded += len(batch)
+        del self.backlog[: len(batch)]
+        self.backlog_bytes -= sum(map(len, batch))
+        self.live.trim(self.recorded)
+
+    async def _answering_again(self) -> None:
+        """After an outage, a write went through: renew the lease, then write once more.
+
+        A write that timed out may still reach the store late: Redis, once it
+        runs again, executes the commands that waited in its sockets, including
+        an older, shorter ``append_events`` from the same first event, which would
+        cut the events written after it. So the events stay queued until a
+        second write, a retry interval later, rewrites them from the same first
+        event: by then the store has long run what waited for it.
+        """
+        if not self._answered:
+            if not await self.store.renew(self.tenant, self.key, self.token, lease=self.lease):
+                self._lost()
+                return
+            self._answered = True
+            return
+        log.warning(
+            "the store answers again: recorded the events of key %r that waited for it",
+            self.key,
+        )
+        self._failing_since, self._answered = None, False
+
+    def _failed(self, exc: StorageError) -> None:
+        if self._failing_since is None:
+            log.error(
+                "cannot record the stream of key %r for now (retried every %g s): %s",
+                self.key,
+                RETRY_SECONDS,
+                exc,
+            )
+            self._failing_since = self._loop.time()
+        self._answered = False
+
+    def _lost(self) -> None:
+        # The lease passed to another holder (or the record is gone): fencing
+        # refuses this run's writes, and nothing it holds should be recorded.
+        log.warning("stopped recording the stream of key %r: its lease was lost", self.key)
+        self._stop()
 
 
 async def record_stream(
@@ -147,15 +307,59 @@ async def record_stream(
     until: Until = math.inf,
     max_stored: int | None = None,
     ttl: float,
+    lease: float = 30.0,
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it, then complete or release the record.
 
     Events past ``max_stored`` bytes are relayed and not recorded; the record is
-    then released (``facts.not_stored``), so a retry runs again. A completed
-    stream is replayed for ``ttl`` (:meth:`Store.complete`).
+    then released (``facts.not_stored``), so a retry runs again. So is a stream
+    whose events the store could not take within the bound (4 MiB, one
+    ``lease`` from the first failure): ``facts.not_stored`` is then
+    ``store_unavailable``. Within it, the stream's end waits for them to be
+    written. A completed stream is replayed for ``ttl`` (:meth:`Store.complete`).
     """
-    recorder = _Recorder(store, tenant, key, token, live, max_stored)
+    recorder = _Recorder(store, tenant, key, token, live, max_stored, lease)
     recorder.begin(response.status, response.headers)
+    try:
+        return await _relay_and_settle(
+            store,
+            tenant,
+            key,
+            token,
+            response,
+            live,
+            recorder,
+            strip_usage=strip_usage,
+            on_last_event=on_last_event,
+            joined=joined,
+            facts=facts,
+            pending=pending,
+            until=until,
+            ttl=ttl,
+        )
+    finally:
+        # Cancelled (shutdown, every client left with --on-stream-disconnect cancel)
+        # or failed: no write of this run may go on after it.
+        recorder.cancel()
+
+
+async def _relay_and_settle(
+    store: Store,
+    tenant: str,
+    key: str,
+    token: str,
+    response: OpenResponse,
+    live: LiveStream,
+    recorder: _Recorder,
+    *,
+    strip_usage: bool,
+    on_last_event: Callable[[], object],
+    joined: Callable[[], int],
+    facts: UpstreamFacts,
+    pending: PendingWrites | None,
+    until: Until,
+    ttl: float,
+) -> StoredResponse | None:
     splitter = EventSplitter()
     usage = StreamUsage()
     # Without a request-id header, the stream's own id is the join key with the bill.
@@ -183,12 +387,16 @@ async def record_stream(
         await take(splitter.close())
     except ProblemError as exc:
         log.warning("the upstream stream of key %r broke off: %s", key, exc.detail)
+        recorder.cancel()
         facts.usage_missing = "no_response"
         on_last_event()
         live.finish(failed=True)
         await release_quietly(store, tenant, key, token, pending, until)
         return None
-    await recorder.flush()
+    # Still a run of this process meanwhile: its lease is renewed (renew_leases).
+    await recorder.finish()
+    if recorder.unavailable and facts.not_stored is None:
+        facts.not_stored = "store_unavailable"
     on_last_event()
     facts.model, facts.usage = usage.model, usage.usage
     facts.cost_usd = cost_of(usage.model, usage.usage)

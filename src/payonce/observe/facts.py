@@ -33,7 +33,8 @@ class UpstreamFacts:
     # Why ``usage`` is unknown, when the call's path knows better than
     # :meth:`usage_missing_reason` can tell (docs/call-log.md).
     usage_missing: str | None = None
-    # Why its answer was relayed but not stored, its key released ("too_large").
+    # Why its answer was relayed but not stored, its key released: "too_large",
+    # "upstream_error" or "store_unavailable" (observe/limit_metrics.py UNSTORED_REASONS).
     not_stored: str | None = None
 
     def usage_missing_reason(self) -> str | None:

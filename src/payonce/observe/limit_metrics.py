@@ -10,7 +10,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-__all__ = ["limit_counters"]
+__all__ = ["UNSTORED_REASONS", "limit_counters"]
+
+# Every value of UpstreamFacts.not_stored (the call log's not_stored), each a child
+# made at 0: one missing here would be a KeyError when its first answer is counted.
+UNSTORED_REASONS = ("too_large", "upstream_error", "store_unavailable")
 
 
 def limit_counters(registry: CollectorRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -25,12 +29,13 @@ def limit_counters(registry: CollectorRegistry) -> tuple[dict[str, Any], dict[st
     unstored = Counter(
         "payonce_unstored_responses",
         "Upstream answers relayed to their client but not stored, their key released so"
-        " that a retry runs again (too_large: over --max-stored-body; upstream_error: the"
-        " stream reported its own failure in an event of its 200).",
+        " that a retry runs again (too_large: over --max-stored-body; upstream_error: a"
+        " stream that reported its failure in-band; store_unavailable: a stream whose"
+        " events the store could not take within 4 MiB and one --lease).",
         ["reason"],
         registry=registry,
     )
     return (
         {limit: rejections.labels(limit) for limit in ("in_flight", "new_keys")},
-        {reason: unstored.labels(reason) for reason in ("too_large", "upstream_error")},
+        {reason: unstored.labels(reason) for reason in UNSTORED_REASONS},
     )
