@@ -464,6 +464,7 @@ async def test_the_bound_holds_however_late_recording_begins() -> None:
         joined=lambda: 0,
         facts=facts,
         max_stored=BOUND,
+        ttl=600,
     )
     assert (stored, facts.not_stored) == (None, "too_large")
     assert await store.get("tenant", "key") is None  # released, not completed

@@ -103,6 +103,7 @@ async def _record(
         joined=lambda: 0,
         facts=facts,
         lease=lease,
+        ttl=600,
     )
     return stored, facts, live, claim.record.token
 

@@ -245,6 +245,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
     for entry in history.ledger:
         bills[str(entry.get("user", ""))].append(entry)
     keyed = _by_key(history.observations)
+    excused: set[str] = set()  # keys a fault let run twice: two answers may differ
     by_number = {o.call.number: o for o in history.observations}
 
     # billed-once: at most one generation per key, unless a fault explains the second.
@@ -263,6 +264,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
         if faults:
             kinds = ", ".join(f"{p.fault.kind}#{p.fault.number}" for p in faults)
             history.excused.append(f"key {key}: billed {count}, owed to {kinds}")
+            excused.add(key)
         else:
             violations.append(
                 Violation(BILLED_ONCE, f"billed {count} times, no fault", key, numbers)
@@ -317,6 +319,8 @@ def check(history: History, *, lease: float) -> list[Violation]:
                 )
             )
     for key, observations in keyed.items():
+        if key in excused:
+            continue
         seen: dict[frozenset[str], int] = {}
         for observation in observations:
             call = observation.call
