@@ -212,7 +212,9 @@ def test_status_reports_a_running_streams_progress(gateway: Process, fresh_sim: 
                 seen.append(doc["events"])
             time.sleep(0.05)
         events = pending.result()
-    assert seen and max(seen) < len(events)
+    # Progress before the end; at most every event while its completion is written
+    # (the end waits for events the store has not taken yet).
+    assert seen and min(seen) < len(events) and max(seen) <= len(events)
     assert wait_completed(gateway, key)["events"] == len(events)
 
 
