@@ -122,7 +122,7 @@ async def _lookup(gateway: Gateway, tenant: str, key: str, wait: float) -> Recor
     # nobody used then take the same path and time (tests/gateway/test_status_probe.py).
     record = await gateway.store.get(tenant, key)
     if record is not None and record.state is RecordState.IN_PROGRESS and wait > 0:
-        local = gateway.running.get((tenant, key))
+        local = gateway.running.get(tenant, key)
         if local is not None:
             await _local_change(local, wait)
             record = await gateway.store.get(tenant, key)
@@ -222,7 +222,7 @@ async def _status(gateway: Gateway, scope: Scope, receive: Receive, send: Send, 
     tenant, wait = _tenant_and_wait(gateway, scope)
     record = await _lookup(gateway, tenant, key, wait)
     document = record_document(record, gateway.clock.now())
-    local = gateway.running.get((tenant, key))
+    local = gateway.running.get(tenant, key)
     if local is not None and local.facts.request_id is not None:
         document["upstream_request_id"] = local.facts.request_id
     else:

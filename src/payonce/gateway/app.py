@@ -19,6 +19,12 @@ Keyed request, in order (docs/gateway.md, "The contract")::
                                                    --wait-timeout ──► 409 + Retry-After
                 ─ ACQUIRED ─► run_execution (detached task) ──► upstream result or live stream
                 ─ store down ─────────────────────────────────► 503
+
+Each outcome has one handler (``_join_here``, ``_acquired``, ``_completed``,
+``_follow_recorded``, ``_wait_elsewhere``), and a keyed answer is observed once,
+in ``_keyed``. The runs in progress here live in one
+:class:`~payonce.gateway.runs.RunTable`: a run enters it when its claim is won
+and leaves it once, however it ends.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import functools
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from payonce.clock import Clock, SystemClock
@@ -82,6 +89,7 @@ from payonce.gateway.relay import relay_live, relay_stored, send_whole
 from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.resume import find_run
+from payonce.gateway.runs import RunTable
 from payonce.gateway.sse import LastEventId, StreamId, not_asked_for_usage, read_last_event_id
 from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
@@ -104,6 +112,14 @@ async def _send_replay(send: Send, replay: CachedReplay) -> None:
     start, body = replay.messages
     await send(start)
     await send(body)
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What a keyed request was answered with, for its one observation."""
+
+    facts: UpstreamFacts | None = None
+    saved: bool = False  # answered without an upstream call of its own
 
 
 def _mismatch(key: str) -> FingerprintMismatch:
@@ -167,7 +183,7 @@ class Gateway:
         # Storage errors, answered with a fixed problem and logged for the operator.
         self.store_failures = StoreFailures(self.clock, settings.store)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.
-        self.running: dict[tuple[str, str], Execution] = {}
+        self.running: RunTable[Execution] = RunTable()
         # Per-tenant limits (gateway/limits.py), None when not configured.
         self.in_flight, self.new_keys = limits_of(settings)
         if self.metrics is not None:
@@ -361,6 +377,9 @@ class Gateway:
     async def _keyed(
         self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
     ) -> Execution | None:
+        """A keyed request, one claim outcome at a time (the state machine in the
+        module docstring). Each handler names what it answered with in ``seen``
+        before it sends; it is observed once, here, however the answer ends."""
         tenant = record.tenant = record.tenant or self.tenant(request.headers)
         print_ = fingerprint(
             request.method,
@@ -374,32 +393,39 @@ class Gateway:
             # the same on every replica, whatever each one has cached.
             await self._resume(tenant, key, print_, resume, request, receive, send, record)
             return None
+        seen = _Seen()
+        try:
+            return await self._claimed(tenant, key, print_, request, receive, send, record, seen)
+        finally:
+            if seen.facts is not None:
+                self.observer.apply(record, seen.facts, saved=seen.saved)
+
+    async def _claimed(
+        self,
+        tenant: str,
+        key: str,
+        print_: str,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        seen: _Seen,
+    ) -> Execution | None:
         cached = self.replays.get(tenant, key)
         if cached is not None:
             if cached.fingerprint != print_:
                 raise _mismatch(key)
             self.replay_counts.add(tenant, key)
             record.outcome = "replayed"
-            self.observer.apply(record, cached.facts, saved=True)
+            seen.facts, seen.saved = cached.facts, True
             await _send_replay(send, cached)
             return None
         settings = self.settings
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.wait_timeout
+        deadline = asyncio.get_running_loop().time() + settings.wait_timeout
         while True:
-            local = self.running.get((tenant, key))
+            local = self.running.get(tenant, key)
             if local is not None:
-                if local.fingerprint != print_:
-                    raise _mismatch(key)
-                local.joined += 1
-                if self.observer.tracing is not None:
-                    self.observer.tracing.joined(record, local.facts)
-                head = await self._join(local, deadline)
-                record.outcome = "joined"
-                try:
-                    await self._answer(send, receive, head, _JOINED, 0, local)
-                finally:
-                    self.observer.apply(record, local.facts, saved=True)
+                await self._join_here(local, print_, deadline, receive, send, record, seen)
                 return None
             if self.new_keys is not None and not self.new_keys.allows(tenant):
                 await refuse_new_key(self.new_keys, self.store, tenant, key)
@@ -410,39 +436,18 @@ class Gateway:
             except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
-            if claim.status is ClaimStatus.ACQUIRED:
-                if self.new_keys is not None:
-                    self.new_keys.spend(tenant)
-                record.outcome = "forwarded"
-                execution = self._execute(claim.record, request)
-                if self.observer.tracing is not None:
-                    self.observer.tracing.start_upstream(execution.facts, record)
-                try:
-                    head = await asyncio.shield(execution.head)
-                    await self._answer(
-                        send, receive, head, _NOT_REPLAYED, 0, execution, execution.facts
-                    )
-                finally:
-                    self.observer.apply(record, execution.facts, saved=False)
-                return execution
-            stored = claim.record
-            if claim.status is ClaimStatus.MISMATCH:
+            status, stored = claim.status, claim.record
+            if status is ClaimStatus.ACQUIRED:
+                return await self._acquired(stored, request, receive, send, record, seen)
+            if status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
             if stored.streaming:
                 # Completed, or being recorded by another process: its events.
-                completed = claim.status is ClaimStatus.COMPLETED
+                completed = status is ClaimStatus.COMPLETED
                 await self._follow_recorded(stored, completed, request, receive, send, record, 0)
                 return None
-            facts = stored_facts(stored)
-            if claim.status is ClaimStatus.COMPLETED:
-                self.replay_counts.add(tenant, key)
-                assert stored.response is not None
-                entry = self.replays.put(
-                    tenant, key, stored.fingerprint, stored.expires_at, stored.response, facts
-                )
-                record.outcome = "replayed"
-                self.observer.apply(record, facts, saved=True)
-                await _send_replay(send, entry)
+            if status is ClaimStatus.COMPLETED:
+                await self._completed(stored, send, record, seen)
                 return None
             if (tenant, key) in self.running:
                 # In progress here after all: its claim shared this one's group
@@ -450,18 +455,77 @@ class Gateway:
                 continue
             # In progress in another process: wait for it, then claim again
             # (a release or a lapsed lease lets this request run it).
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                lease_left = stored.lease_expires_at - self.clock.now()
-                raise RequestInProgress(
-                    f"a request with Idempotency-Key {key!r} is still running; retry later",
-                    retry_after=max(1.0, min(lease_left, 30.0)),
-                )
             try:
-                await self.store.wait(tenant, key, remaining)
+                await self._wait_elsewhere(stored, deadline)
             except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
+
+    async def _join_here(
+        self,
+        local: Execution,
+        print_: str,
+        deadline: float,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        seen: _Seen,
+    ) -> None:
+        """The key runs in this process: follow its run."""
+        if local.fingerprint != print_:
+            raise _mismatch(local.key)
+        local.joined += 1
+        if self.observer.tracing is not None:
+            self.observer.tracing.joined(record, local.facts)
+        head = await self._join(local, deadline)
+        record.outcome = "joined"
+        seen.facts, seen.saved = local.facts, True
+        await self._answer(send, receive, head, _JOINED, 0, local)
+
+    async def _acquired(
+        self,
+        claimed: Record,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        seen: _Seen,
+    ) -> Execution:
+        """This request won the key: run it upstream, and answer from the run."""
+        if self.new_keys is not None:
+            self.new_keys.spend(claimed.tenant)
+        record.outcome = "forwarded"
+        execution = self._execute(claimed, request)
+        if self.observer.tracing is not None:
+            self.observer.tracing.start_upstream(execution.facts, record)
+        seen.facts, seen.saved = execution.facts, False
+        head = await asyncio.shield(execution.head)
+        await self._answer(send, receive, head, _NOT_REPLAYED, 0, execution, execution.facts)
+        return execution
+
+    async def _completed(self, stored: Record, send: Send, record: CallRecord, seen: _Seen) -> None:
+        """The key has its whole answer in the store: replay it (and keep it cached)."""
+        facts = stored_facts(stored)
+        self.replay_counts.add(stored.tenant, stored.key)
+        assert stored.response is not None
+        entry = self.replays.put(
+            stored.tenant, stored.key, stored.fingerprint, stored.expires_at, stored.response, facts
+        )
+        record.outcome = "replayed"
+        seen.facts, seen.saved = facts, True
+        await _send_replay(send, entry)
+
+    async def _wait_elsewhere(self, stored: Record, deadline: float) -> None:
+        """The key runs in another process: wait for its record to change, or refuse
+        past ``--wait-timeout`` (the client retries later with the same key)."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            lease_left = stored.lease_expires_at - self.clock.now()
+            raise RequestInProgress(
+                f"a request with Idempotency-Key {stored.key!r} is still running; retry later",
+                retry_after=max(1.0, min(lease_left, 30.0)),
+            )
+        await self.store.wait(stored.tenant, stored.key, remaining)
 
     async def _resume(
         self,
@@ -581,7 +645,7 @@ class Gateway:
         execution = Execution(
             claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
         )
-        self.running[(claimed.tenant, claimed.key)] = execution
+        self.running.start(execution)
         if self.metrics is not None and self.metrics.shared:
             self.metrics.runs_changed()
         task = asyncio.get_running_loop().create_task(self._run(execution, request))

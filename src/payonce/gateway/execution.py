@@ -23,6 +23,7 @@ from payonce.gateway.observing import UpstreamFacts, provider_request_id
 from payonce.gateway.pending import PendingWrites
 from payonce.gateway.recording import record_stream, release_quietly
 from payonce.gateway.request import ProxiedRequest
+from payonce.gateway.runs import RunTable
 from payonce.gateway.sse import ask_for_usage, is_event_stream, not_asked_for_usage
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
@@ -90,7 +91,7 @@ class Execution:
 
 
 async def renew_leases(
-    store: Store, running: dict[tuple[str, str], Execution], lease: float, clock: Clock
+    store: Store, running: RunTable[Execution], lease: float, clock: Clock
 ) -> None:
     """Renew each run's lease a third of a lease after it was taken or renewed, forever.
 
@@ -107,23 +108,20 @@ async def renew_leases(
     while True:
         await asyncio.sleep(lease / RENEW_TICKS)
         now = loop.time()
-        runs = [(name, run) for name, run in running.items() if now - run.renewed >= lease / 3]
-        for _, run in runs:
+        runs = [run for run in running if now - run.renewed >= lease / 3]
+        for run in runs:
             run.renewed = now
         # Concurrently, a chunk at a time: the store can then put many renewals
         # in one transaction (SQLite) or round trip, instead of one per loop
         # turn for each of thousands of runs in flight.
         for start in range(0, len(runs), RENEW_CHUNK):
             chunk = runs[start : start + RENEW_CHUNK]
-            await asyncio.gather(
-                *(_renew(store, running, name, run, lease, clock) for name, run in chunk)
-            )
+            await asyncio.gather(*(_renew(store, running, run, lease, clock) for run in chunk))
 
 
 async def _renew(
     store: Store,
-    running: dict[tuple[str, str], Execution],
-    name: tuple[str, str],
+    running: RunTable[Execution],
     execution: Execution,
     lease: float,
     clock: Clock,
@@ -138,7 +136,7 @@ async def _renew(
         return
     if held:
         execution.expires_at = held_expiry(lease_end, lease, execution.expires_at)
-    elif running.get(name) is execution:
+    elif running.holds(execution):
         log.warning("lost the lease of key %r; its result will not be stored", execution.key)
 
 
@@ -148,7 +146,7 @@ async def run_execution(
     execution: Execution,
     request: ProxiedRequest,
     *,
-    running: dict[tuple[str, str], Execution],
+    running: RunTable[Execution],
     inject_stream_usage: bool = True,
     pending: PendingWrites | None = None,
     max_stored_body: int | None = None,
@@ -171,7 +169,6 @@ async def run_execution(
     def until() -> float:
         return execution.expires_at
 
-    name = (execution.tenant, execution.key)
     facts = execution.facts
     body = request.body
     started = facts.started = time.perf_counter()
@@ -206,7 +203,7 @@ async def run_execution(
                         response,
                         live,
                         strip_usage=added_usage is not None,
-                        on_last_event=lambda: running.pop(name, None),
+                        on_last_event=lambda: running.finish(execution),
                         joined=lambda: execution.joined,
                         facts=facts,
                         pending=pending,
@@ -228,7 +225,7 @@ async def run_execution(
             outcome = exc
         facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
-        running.pop(name, None)
+        running.finish(execution)
         stored = await _settle(
             store, execution, outcome, pending, max_stored_body, ttl=ttl, clock=clock
         )
@@ -250,9 +247,9 @@ async def run_execution(
         return None
 
 
-def _abandon(execution: Execution, running: dict[tuple[str, str], Execution]) -> None:
+def _abandon(execution: Execution, running: RunTable[Execution]) -> None:
     """Let everyone waiting on a run that will not finish know it, at once."""
-    running.pop((execution.tenant, execution.key), None)
+    running.finish(execution)
     head = execution.head_value
     if isinstance(head, LiveStream):
         if not head.finished:

@@ -24,6 +24,7 @@ import asyncio
 from payonce.clock import Clock
 from payonce.errors import RequestInProgress, StreamNotResumable
 from payonce.gateway.execution import Execution
+from payonce.gateway.runs import RunTable
 from payonce.gateway.sse import LastEventId, run_tag
 from payonce.store import Record, RecordState, Store
 
@@ -31,7 +32,7 @@ __all__ = ["find_run"]
 
 
 async def find_run(
-    running: dict[tuple[str, str], Execution],
+    running: RunTable[Execution],
     store: Store,
     clock: Clock,
     tenant: str,
@@ -52,7 +53,7 @@ async def find_run(
             " sent those events (an id from an older gateway), so their continuation cannot"
             " be told from another run's; send the request without Last-Event-ID to start over"
         )
-    local = running.get((tenant, key))
+    local = running.get(tenant, key)
     if local is not None and run_tag(local.token) == resume.run:
         return local
     loop = asyncio.get_running_loop()
