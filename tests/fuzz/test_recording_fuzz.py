@@ -69,6 +69,7 @@ async def _record(chunks: list[bytes]) -> tuple[list[bytes], list[bytes], object
         on_last_event=lambda: None,
         joined=lambda: 0,
         facts=facts,
+        ttl=60,
     )
     assert stored is not None, "a clean end completes the record"
     recorded = await store.read_events("tenant", "key")
