@@ -99,7 +99,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,10 +266,12 @@ class Service:
             self.process.wait()
 
 
-def start_service(name: str, command: Sequence[str], log_dir: Path) -> Service:
+def start_service(
+    name: str, command: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None
+) -> Service:
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     return Service(name, process, log_path)
 
 

@@ -16,6 +16,11 @@ payonce-sqlite  ``payonce serve`` on SQLite, one worker
 payonce-redis   ``payonce serve`` on Redis (a private ``redis-server``), one worker
 ==============  ==========================================================================
 
+``--baseline-src DIR`` adds ``payonce-sqlite-baseline`` (and ``payonce-redis-baseline``
+when Redis runs): the same system with the payonce sources in ``DIR/src`` (a checkout of
+an earlier commit, ``git worktree add DIR REV``) ahead of this one's on ``PYTHONPATH``, so
+a change is measured against what it replaced in the same run, interleaved round by round.
+
 Workloads (``--only``, comma-separated: workload1 ... workload4):
 
 1. **Throughput and CPU per request** at zero upstream latency: wrk, ``--connections``
@@ -54,6 +59,8 @@ Usage::
     .venv/bin/python benchmarks/peers.py                       # everything, ~20 min
     .venv/bin/python benchmarks/peers.py --quick               # every workload, small
     .venv/bin/python benchmarks/peers.py --only workload1 --systems nginx,payonce-sqlite
+    .venv/bin/python benchmarks/peers.py --only workload1 --systems payonce-sqlite \
+        --baseline-src /tmp/payonce-before                   # a change against its base
 """
 
 from __future__ import annotations
@@ -133,6 +140,7 @@ class Options:
     svg_path: Path
     install: bool
     quick: bool
+    baseline_src: Path | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -179,6 +187,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--svg", type=Path, default=Path("peers.svg"), dest="svg_path")
     parser.add_argument("--no-install", action="store_true", help="never apt-get install")
     parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="a checkout of an earlier payonce: each payonce system runs again from DIR/src",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="small runs of everything: 1 round, 2 s per wrk run, 200 business requests,"
@@ -188,6 +202,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     # In the order given: the longest (the incident, with LiteLLM) can go last.
     only = tuple(dict.fromkeys(name for name in args.only.split(",") if name in WORKLOADS))
     systems = tuple(name for name in SYSTEMS if name in args.systems.split(","))
+    if args.baseline_src is not None:
+        if not (args.baseline_src / "src" / "payonce").is_dir():
+            parser.error(f"--baseline-src: no src/payonce in {args.baseline_src}")
+        # Each right after its own system: the rounds interleave them.
+        systems = tuple(
+            name
+            for system in systems
+            for name in (system, f"{system}-baseline")
+            if name == system or system.startswith("payonce")
+        )
     unknown = set(args.only.split(",")) - set(WORKLOADS)
     unknown |= set(args.systems.split(",")) - set(SYSTEMS)
     if unknown or not only or not systems:
@@ -213,6 +237,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         svg_path=args.svg_path,
         install=not args.no_install,
         quick=args.quick,
+        baseline_src=args.baseline_src.resolve() if args.baseline_src else None,
     )
     if args.quick:
         options = _quick(options, sys.argv[1:] if argv is None else list(argv))
@@ -480,7 +505,9 @@ class Stack:
             service.stop()
 
     @contextlib.contextmanager
-    def payonce(self, store: str, upstream: str, name: str) -> Iterator[tuple[go.Service, str]]:
+    def payonce(
+        self, store: str, upstream: str, name: str, src: Path | None = None
+    ) -> Iterator[tuple[go.Service, str]]:
         port = go.free_port()
         store_url = self.redis() if store == "redis" else f"sqlite:///{self.workdir}/{name}.db"
         if store == "redis":
@@ -490,7 +517,8 @@ class Stack:
             del flush  # an empty Redis: best effort (redis-cli comes with redis-server)
         command = [*go.payonce_command(), "serve", "--upstream", upstream, "--store", store_url]
         command += ["--port", str(port), "--log-level", "warning", "--no-otel"]
-        service = go.start_service(name, command, self.workdir)
+        env = None if src is None else {**os.environ, "PYTHONPATH": str(src / "src")}
+        service = go.start_service(name, command, self.workdir, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
             go.wait_ready(service, f"{url}/_payonce/health")
@@ -592,8 +620,9 @@ def endpoints(stack: Stack, sim: str, systems: Sequence[str]) -> Iterator[list[E
                 )
                 found.append(Endpoint(system, url, service, sim_url, headers=route))
             else:
-                store = system.removeprefix("payonce-")
-                service, url = exits.enter_context(stack.payonce(store, sim_url, name))
+                store = system.removeprefix("payonce-").removesuffix("-baseline")
+                src = stack.options.baseline_src if system.endswith("-baseline") else None
+                service, url = exits.enter_context(stack.payonce(store, sim_url, name, src))
                 found.append(Endpoint(system, url, service, sim_url, keyed=True))
         yield found
 
@@ -1006,7 +1035,7 @@ def _long_calls(
     before = {name: histogram(endpoint.url, name) for name in names} if own else {}
     usage = Usage.now(endpoint.service.pid)
     # SQLite's work is in the gateway's process; Redis's in redis-server's: counted apart.
-    store = stack.redis_pid if endpoint.system == "payonce-redis" else None
+    store = stack.redis_pid if endpoint.system.startswith("payonce-redis") else None
     store_usage = Usage.now(store) if store is not None else None
     with (
         Sampler(endpoint.service.pid, every=0.25) as sampler,

@@ -55,6 +55,13 @@ def ratios(report: dict[str, Any]) -> list[tuple[str, float, str]]:
     if redis and nginx:
         found.append(("payonce keyed first call (Redis) / nginx, CPU per request",
                       redis / nginx, "-"))  # fmt: skip
+    for store in ("sqlite", "redis"):  # --baseline-src: this checkout against an earlier one
+        for load in ("first", "nokey", "replay"):
+            now = _median(rows, f"payonce-{store} {load}", "cpu_us")
+            before = _median(rows, f"payonce-{store}-baseline {load}", "cpu_us")
+            if now and before:
+                found.append((f"payonce {store} {load} / its baseline, CPU per request",
+                              now / before, "-"))  # fmt: skip
     return found
 
 
@@ -76,7 +83,7 @@ def table(report: dict[str, Any]) -> str:
                 f" | {_range(row['p99_ms'], '.1f')} | {_range(row.get('runq_wait'), '.0%')} |"
             )
         for what, ratio, target in ratios(report):
-            out.append(f"\n{what}: **{ratio:.1f}x** (target {target})")
+            out.append(f"\n{what}: **{ratio:.3f}x** (target {target})")
     if "workload2" in results:
         requests = report["options"]["incident_requests"]
         out += ["", f"| system | billed generations per business request ({requests})"]

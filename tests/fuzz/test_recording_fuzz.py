@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from payonce.clock import SystemClock
+from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.recording import record_stream
 from payonce.gateway.sse import EventSplitter
@@ -58,18 +60,15 @@ async def _record(chunks: list[bytes]) -> tuple[list[bytes], list[bytes], object
     claim = await store.claim("tenant", "key", "print", lease=30, ttl=60)
     live = LiveStream(200, ScriptedResponse.headers)
     facts = UpstreamFacts()
+    lease = Lease.of(store, claim.record, clock=SystemClock(), duration=30, ttl=60)
     stored = await record_stream(
-        store,
-        "tenant",
-        "key",
-        claim.record.token,
+        lease,
         ScriptedResponse(chunks),  # type: ignore[arg-type]
         live,
         strip_usage=False,
         on_last_event=lambda: None,
         joined=lambda: 0,
         facts=facts,
-        ttl=60,
     )
     assert stored is not None, "a clean end completes the record"
     recorded = await store.read_events("tenant", "key")

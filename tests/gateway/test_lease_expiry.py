@@ -11,6 +11,7 @@ import asyncio
 
 from payonce.clock import ManualClock
 from payonce.gateway.execution import Execution, renew_leases
+from payonce.gateway.lease import Lease
 from payonce.gateway.runs import RunTable
 from payonce.store import MemoryStore
 
@@ -21,10 +22,11 @@ async def test_renewals_move_the_runs_expiry_on_with_the_records() -> None:
     clock = ManualClock()
     store = MemoryStore(clock)
     claimed = (await store.claim("t", "k", "fp", lease=LEASE, ttl=TTL)).record
-    execution = Execution("t", "k", claimed.token, claimed.fingerprint, claimed.expires_at)
+    lease = Lease.of(store, claimed, clock=clock, duration=LEASE, ttl=TTL)
+    execution = Execution(lease, claimed.fingerprint)
     running: RunTable[Execution] = RunTable()
     running.start(execution)
-    renewing = asyncio.create_task(renew_leases(store, running, LEASE, clock))
+    renewing = asyncio.create_task(renew_leases(running, LEASE))
     try:
         for _ in range(10):  # ten leases by the store's clock, renewed as they go
             clock.advance(LEASE / 2)

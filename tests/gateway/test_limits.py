@@ -29,7 +29,9 @@ from typing import Any
 import openai
 import pytest
 
+from payonce.clock import SystemClock
 from payonce.config import GatewaySettings
+from payonce.gateway.lease import Lease
 from payonce.gateway.limits import NewKeys, limits_of
 from payonce.gateway.live import LiveStream
 from payonce.gateway.recording import record_stream
@@ -452,11 +454,9 @@ async def test_the_bound_holds_however_late_recording_begins() -> None:
     claim = await store.claim("tenant", "key", "print", lease=30, ttl=60)
     events = b"".join(b'data: {"n": %d, "pad": "%s"}\n\n' % (n, b"x" * 100) for n in range(40))
     live, facts = LiveStream(200, ()), UpstreamFacts()
+    lease = Lease.of(store, claim.record, clock=SystemClock(), duration=30, ttl=600)
     stored = await record_stream(
-        store,
-        "tenant",
-        "key",
-        claim.record.token,
+        lease,
         _Upstream(events),  # type: ignore[arg-type]
         live,
         strip_usage=False,
@@ -464,7 +464,6 @@ async def test_the_bound_holds_however_late_recording_begins() -> None:
         joined=lambda: 0,
         facts=facts,
         max_stored=BOUND,
-        ttl=600,
     )
     assert (stored, facts.not_stored) == (None, "too_large")
     assert await store.get("tenant", "key") is None  # released, not completed

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from payonce.clock import SystemClock
 from payonce.errors import StorageTimeout
+from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.recording import record_stream
 from payonce.observe.facts import UpstreamFacts
@@ -91,19 +93,15 @@ async def _record(
 ) -> tuple[StoredResponse | None, UpstreamFacts, LiveStream, str]:
     claim = await store.claim("tenant", "key", "print", lease=lease, ttl=600)
     live, facts = LiveStream(200, ()), UpstreamFacts()
+    held = Lease.of(store, claim.record, clock=SystemClock(), duration=lease, ttl=600)
     stored = await record_stream(
-        store,
-        "tenant",
-        "key",
-        claim.record.token,
+        held,
         upstream,  # type: ignore[arg-type]
         live,
         strip_usage=False,
         on_last_event=lambda: None,
         joined=lambda: 0,
         facts=facts,
-        lease=lease,
-        ttl=600,
     )
     return stored, facts, live, claim.record.token
 

@@ -1,10 +1,11 @@
-"""``payonce torture`` in CI: fixed seeds per store, plus one random seed printed.
+"""``payonce torture`` in CI: a fixed seed per store, plus one random seed on a random store.
 
 The randomized checker (docs/guarantees.md) over real processes: a simulator, two
 gateways on one store, random calls and faults. A fixed seed keeps a known
 schedule green; the random one explores (its seed is in the test's output, so a
 failure replays with ``payonce torture --seed N``). ``--torture-seconds`` sets
-the calls per run (25 s here; ``payonce torture --minutes N`` for long runs).
+the calls per run (15 s here, to keep the suite within its 15 minutes;
+``payonce torture --minutes N`` for long runs).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _torture(store: str, seed: int, folder: Path) -> None:
         env["PATH"] = f"{Path(server).parent}{os.pathsep}{env.get('PATH', '')}"
     args = [
         sys.executable, "-m", "payonce", "torture", "--seed", str(seed), "--store", store,
-        "--gateways", "2", "--seconds", "25s", "--shrink", "90s", "--keep", str(folder),
+        "--gateways", "2", "--seconds", "15s", "--shrink", "90s", "--keep", str(folder),
     ]  # fmt: skip
     print(f"payonce torture --seed {seed} --store {store}")  # in the log, for a replay
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=540, check=False)
@@ -44,6 +45,6 @@ def test_a_fixed_schedule_keeps_every_invariant(store: str, tmp_path: Path) -> N
     _torture(store, FIXED_SEEDS[store], tmp_path)
 
 
-@pytest.mark.parametrize("store", ["sqlite", "redis"])
-def test_a_random_schedule_keeps_every_invariant(store: str, tmp_path: Path) -> None:
-    _torture(store, random.SystemRandom().randrange(2**31), tmp_path)
+def test_a_random_schedule_keeps_every_invariant(tmp_path: Path) -> None:
+    chance = random.SystemRandom()
+    _torture(chance.choice(["sqlite", "redis"]), chance.randrange(2**31), tmp_path)

@@ -73,6 +73,7 @@ from payonce.gateway.keys import (
     fingerprint,
     read_key,
 )
+from payonce.gateway.lease import Lease
 from payonce.gateway.limits import in_a_slot, limits_of, refuse_new_key
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import (
@@ -642,9 +643,15 @@ class Gateway:
             ) from None
 
     def _execute(self, claimed: Record, request: ProxiedRequest) -> Execution:
-        execution = Execution(
-            claimed.tenant, claimed.key, claimed.token, claimed.fingerprint, claimed.expires_at
+        lease = Lease.of(
+            self.store,
+            claimed,
+            clock=self.clock,
+            duration=self.settings.lease,
+            ttl=self.settings.ttl,
+            pending=self.pending,
         )
+        execution = Execution(lease, claimed.fingerprint)
         self.running.start(execution)
         if self.metrics is not None and self.metrics.shared:
             self.metrics.runs_changed()
@@ -657,17 +664,12 @@ class Gateway:
 
     async def _run(self, execution: Execution, request: ProxiedRequest) -> StoredResponse | None:
         stored = await run_execution(
-            self.store,
             self.upstream,
             execution,
             request,
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
-            pending=self.pending,
             max_stored_body=self.settings.max_stored_body,
-            ttl=self.settings.ttl,
-            clock=self.clock,
-            lease=self.settings.lease,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:
@@ -684,7 +686,7 @@ class Gateway:
     async def background(self) -> None:
         """The gateway's housekeeping: lease renewal, replay counts, purging expired records."""
         await housekeeping(
-            renew_leases(self.store, self.running, self.settings.lease, self.clock),
+            renew_leases(self.running, self.settings.lease),
             self.store,
             self.pending,
             self.replays,

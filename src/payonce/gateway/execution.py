@@ -11,24 +11,22 @@ progress (:func:`renew_leases`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
 
-from payonce.clock import Clock
 from payonce.errors import ProblemError, StorageError
+from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts, provider_request_id
-from payonce.gateway.pending import PendingWrites
-from payonce.gateway.recording import record_stream, release_quietly
+from payonce.gateway.recording import record_stream
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.runs import RunTable
 from payonce.gateway.sse import ask_for_usage, is_event_stream, not_asked_for_usage
 from payonce.gateway.upstream import Upstream, UpstreamResponse
 from payonce.observe.pricing import cost_of
 from payonce.observe.usage import model_usage_and_id
-from payonce.store import Store, StoredResponse, held_expiry
+from payonce.store import StoredResponse
 
 # Lease renewals in flight at once.
 RENEW_CHUNK = 128
@@ -63,15 +61,10 @@ def is_stored_status(status: int) -> bool:
 
 @dataclass(slots=True, eq=False)
 class Execution:
-    tenant: str
-    key: str
-    token: str
+    """One keyed run of this process: its lease, its answer's head, its joiners."""
+
+    lease: Lease
     fingerprint: str
-    # The record's expiry as this process knows it (store/base.py, "Expiry"): the
-    # claim's, pushed by each renewal, reset to ttl after the answer once it is
-    # stored. Computed from this process's clock read before each write, so never
-    # later than the store's: pending writes give up by it, replays are cached by it.
-    expires_at: float
     head: asyncio.Future[Head] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -83,6 +76,23 @@ class Execution:
     renewed: float = field(default_factory=lambda: asyncio.get_running_loop().time())
 
     @property
+    def tenant(self) -> str:
+        return self.lease.tenant
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def token(self) -> str:
+        return self.lease.token
+
+    @property
+    def expires_at(self) -> float:
+        """The record's expiry as this process knows it (:class:`Lease`)."""
+        return self.lease.expires_at
+
+    @property
     def head_value(self) -> Head | None:
         """The head once known (a whole response, a problem, or the live stream)."""
         if self.head.done() and not self.head.cancelled():
@@ -90,13 +100,11 @@ class Execution:
         return None
 
 
-async def renew_leases(
-    store: Store, running: RunTable[Execution], lease: float, clock: Clock
-) -> None:
+async def renew_leases(running: RunTable[Execution], lease: float) -> None:
     """Renew each run's lease a third of a lease after it was taken or renewed, forever.
 
-    Each renewal also moves the run's ``expires_at`` on as the store moves the
-    record's (``clock`` is the store's): a run longer than ``--ttl`` keeps its key.
+    Each renewal also moves the run's expiry on as the store moves the record's
+    (:meth:`Lease.renew`): a run longer than ``--ttl`` keeps its key.
 
     The loop looks every ``lease / RENEW_TICKS`` seconds and renews the runs that are
     due, so renewals are spread as the runs started. Renewing every run at once, every
@@ -116,59 +124,37 @@ async def renew_leases(
         # turn for each of thousands of runs in flight.
         for start in range(0, len(runs), RENEW_CHUNK):
             chunk = runs[start : start + RENEW_CHUNK]
-            await asyncio.gather(*(_renew(store, running, run, lease, clock) for run in chunk))
+            await asyncio.gather(*(_renew(running, run) for run in chunk))
 
 
-async def _renew(
-    store: Store,
-    running: RunTable[Execution],
-    execution: Execution,
-    lease: float,
-    clock: Clock,
-) -> None:
-    # Read before the store reads its own: the expiry computed here is never later
-    # than the one it stores.
-    lease_end = clock.now() + lease
+async def _renew(running: RunTable[Execution], execution: Execution) -> None:
     try:
-        held = await store.renew(execution.tenant, execution.key, execution.token, lease=lease)
+        held = await execution.lease.renew()
     except StorageError as exc:
         log.warning("cannot renew the lease of key %r: %s", execution.key, exc)
         return
-    if held:
-        execution.expires_at = held_expiry(lease_end, lease, execution.expires_at)
-    elif running.holds(execution):
+    if not held and running.holds(execution):
         log.warning("lost the lease of key %r; its result will not be stored", execution.key)
 
 
 async def run_execution(
-    store: Store,
     upstream: Upstream,
     execution: Execution,
     request: ProxiedRequest,
     *,
     running: RunTable[Execution],
     inject_stream_usage: bool = True,
-    pending: PendingWrites | None = None,
     max_stored_body: int | None = None,
-    ttl: float,
-    clock: Clock,
-    lease: float = 30.0,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
     Returns the stored response, or ``None`` when nothing was stored; a stored
-    answer is replayed for ``ttl`` from its completion (by ``clock``, the store's).
-    A store write that fails is left to ``pending``, which retries it once the
-    store is back. An answer over ``max_stored_body`` bytes (a stream: its
-    events) is relayed whole but not stored, and the key released
-    (``facts.not_stored``).
+    answer is replayed for ``--ttl`` from its completion. A store write that
+    fails is retried once the store is back (:meth:`Lease.complete_or_retry`).
+    An answer over ``max_stored_body`` bytes (a stream: its events) is relayed
+    whole but not stored, and the key released (``facts.not_stored``).
     """
-
-    # The record's expiry when a failed write is retried: renewals move it on
-    # while the run goes, so it is read then, not now.
-    def until() -> float:
-        return execution.expires_at
-
+    lease = execution.lease
     facts = execution.facts
     body = request.body
     started = facts.started = time.perf_counter()
@@ -188,29 +174,22 @@ async def run_execution(
                 facts.request_id = provider_request_id(response.headers)
                 if is_event_stream(response.content_type) and is_stored_status(response.status):
                     facts.stream = True
-                    tenant, key = execution.tenant, execution.key
 
                     async def backlog(after: int, upto: int) -> list[bytes]:
-                        return (await store.read_events(tenant, key, after))[: upto - after]
+                        events = await lease.store.read_events(lease.tenant, lease.key, after)
+                        return events[: upto - after]
 
                     live = LiveStream(response.status, response.headers, backlog)
                     execution.head.set_result(live)
                     stored = await record_stream(
-                        store,
-                        execution.tenant,
-                        execution.key,
-                        execution.token,
+                        lease,
                         response,
                         live,
                         strip_usage=added_usage is not None,
                         on_last_event=lambda: running.finish(execution),
                         joined=lambda: execution.joined,
                         facts=facts,
-                        pending=pending,
-                        until=until,
                         max_stored=max_stored_body,
-                        ttl=ttl,
-                        lease=lease,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(
@@ -226,24 +205,18 @@ async def run_execution(
         facts.latency = time.perf_counter() - started
         # No new joiners past this point: later duplicates go through the store.
         running.finish(execution)
-        stored = await _settle(
-            store, execution, outcome, pending, max_stored_body, ttl=ttl, clock=clock
-        )
+        stored = await _settle(execution, outcome, max_stored_body)
         execution.head.set_result(outcome)
         return stored
     except asyncio.CancelledError:
         # Cancelled at shutdown: give the key up so a retry can run.
         _abandon(execution, running)
-        await release_quietly(
-            store, execution.tenant, execution.key, execution.token, pending, until
-        )
+        await lease.release_or_retry()
         raise
     except Exception:
         log.exception("the run of key %r failed", execution.key)
         _abandon(execution, running)
-        await release_quietly(
-            store, execution.tenant, execution.key, execution.token, pending, until
-        )
+        await lease.release_or_retry()
         return None
 
 
@@ -259,18 +232,11 @@ def _abandon(execution: Execution, running: RunTable[Execution]) -> None:
 
 
 async def _settle(
-    store: Store,
-    execution: Execution,
-    outcome: Outcome,
-    pending: PendingWrites | None,
-    max_stored_body: int | None,
-    *,
-    ttl: float,
-    clock: Clock,
+    execution: Execution, outcome: Outcome, max_stored_body: int | None
 ) -> StoredResponse | None:
-    tenant, key, token = execution.tenant, execution.key, execution.token
+    lease = execution.lease
     if isinstance(outcome, ProblemError) or not is_stored_status(outcome.status):
-        await release_quietly(store, tenant, key, token, pending, execution.expires_at)
+        await lease.release_or_retry()
         return None
     response = StoredResponse(outcome.status, outcome.headers, outcome.body)
     facts = execution.facts
@@ -282,37 +248,19 @@ async def _settle(
         facts.not_stored = "too_large"
         log.info(
             "the answer of key %r is %d bytes, over --max-stored-body: relayed, not stored",
-            key,
+            lease.key,
             len(outcome.body),
         )
-        await release_quietly(store, tenant, key, token, pending, execution.expires_at)
+        await lease.release_or_retry()
         return None
-    complete = functools.partial(
-        store.complete,
-        tenant,
-        key,
-        token,
-        response,
-        usage=facts.usage,
-        cost_usd=facts.cost_usd,
-        replays=execution.joined,
-        ttl=ttl,
+    stored = await lease.complete_or_retry(
+        response, usage=facts.usage, cost_usd=facts.cost_usd, replays=execution.joined
     )
-    completing = clock.now()  # before the store's reading: never past its expiry
-    try:
-        stored = await complete()
-    except StorageError as exc:
-        # The client still gets its answer. The write is retried once the store
-        # is back (gateway/pending.py); if that is too late, the lease lapses and
-        # a later retry runs again.
-        log.error("could not store the result of key %r (retried later): %s", key, exc)
-        if pending is not None:
-            pending.add("complete", key, complete, execution.expires_at)
-        return None
+    if stored is None:
+        return None  # the store is down: the client has its answer, the write waits
     if not stored:
         log.warning(
-            "the result of key %r was not stored: its lease passed to another holder", execution.key
+            "the result of key %r was not stored: its lease passed to another holder", lease.key
         )
         return None
-    execution.expires_at = completing + ttl  # replayed for ttl after its answer
     return response

@@ -20,19 +20,17 @@ lease from the first failure is the stream relayed but not stored
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import math
 from collections.abc import Callable
 
 from payonce.errors import ProblemError, StorageError
+from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
-from payonce.gateway.pending import PendingWrites, Until
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import cost_of
-from payonce.store import Store, StoredResponse
+from payonce.store import StoredResponse
 
 __all__ = [
     "FLUSH_EVENTS",
@@ -40,7 +38,6 @@ __all__ = [
     "MAX_BACKLOG",
     "RETRY_SECONDS",
     "record_stream",
-    "release_quietly",
 ]
 
 log = logging.getLogger("payonce.gateway")
@@ -51,23 +48,6 @@ FLUSH_SECONDS = 0.05
 # and at most how many bytes of them wait in memory (docs/gateway.md, "Store outages").
 RETRY_SECONDS = 0.25
 MAX_BACKLOG = 4 * 1024 * 1024
-
-
-async def release_quietly(
-    store: Store,
-    tenant: str,
-    key: str,
-    token: str,
-    pending: PendingWrites | None = None,
-    until: Until = math.inf,
-) -> None:
-    """Release the key; if the store is down, leave the release to ``pending`` (retried)."""
-    try:
-        await store.release(tenant, key, token)
-    except StorageError as exc:
-        log.error("could not release key %r (retried when the store is back): %s", key, exc)
-        if pending is not None:
-            pending.add("release", key, functools.partial(store.release, tenant, key, token), until)
 
 
 class _Recorder:
@@ -85,19 +65,10 @@ class _Recorder:
     the record is released, as before.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        tenant: str,
-        key: str,
-        token: str,
-        live: LiveStream,
-        max_stored: int | None = None,
-        lease: float = 30.0,
-    ) -> None:
-        self.store, self.tenant, self.key, self.token = store, tenant, key, token
-        self.live = live
+    def __init__(self, lease: Lease, live: LiveStream, max_stored: int | None = None) -> None:
         self.lease = lease
+        self.key = lease.key
+        self.live = live
         # Events not yet recorded, numbered recorded + 1, recorded + 2, ...
         self.backlog: list[bytes] = []
         self.backlog_bytes = 0
@@ -214,7 +185,7 @@ class _Recorder:
                 self._wake.clear()
             else:
                 await asyncio.sleep(RETRY_SECONDS)
-                if self._loop.time() - self._failing_since >= self.lease:
+                if self._loop.time() - self._failing_since >= self.lease.duration:
                     self._give_up("one --lease passed")
                     return
             if self.ok:
@@ -227,16 +198,12 @@ class _Recorder:
             if not self._begun:
                 assert self._head is not None
                 status, headers = self._head
-                if not await self.store.begin_stream(
-                    self.tenant, self.key, self.token, status, headers
-                ):
+                if not await self.lease.begin_stream(status, headers):
                     self._lost()
                     return
                 self._begun = True
             batch = list(self.backlog)
-            if batch and not await self.store.append_events(
-                self.tenant, self.key, self.token, self.recorded + 1, batch
-            ):
+            if batch and not await self.lease.append(self.recorded + 1, batch):
                 self._lost()
                 return
             if self._failing_since is not None:
@@ -262,7 +229,7 @@ class _Recorder:
         event: by then the store has long run what waited for it.
         """
         if not self._answered:
-            if not await self.store.renew(self.tenant, self.key, self.token, lease=self.lease):
+            if not await self.lease.renew():
                 self._lost()
                 return
             self._answered = True
@@ -292,10 +259,7 @@ class _Recorder:
 
 
 async def record_stream(
-    store: Store,
-    tenant: str,
-    key: str,
-    token: str,
+    lease: Lease,
     response: OpenResponse,
     live: LiveStream,
     *,
@@ -303,29 +267,22 @@ async def record_stream(
     on_last_event: Callable[[], object],
     joined: Callable[[], int],
     facts: UpstreamFacts,
-    pending: PendingWrites | None = None,
-    until: Until = math.inf,
     max_stored: int | None = None,
-    ttl: float,
-    lease: float = 30.0,
 ) -> StoredResponse | None:
-    """Relay ``response`` into ``live``, record it, then complete or release the record.
+    """Relay ``response`` into ``live``, record it under ``lease``, then complete or release.
 
     Events past ``max_stored`` bytes are relayed and not recorded; the record is
     then released (``facts.not_stored``), so a retry runs again. So is a stream
     whose events the store could not take within the bound (4 MiB, one
-    ``lease`` from the first failure): ``facts.not_stored`` is then
+    ``--lease`` from the first failure): ``facts.not_stored`` is then
     ``store_unavailable``. Within it, the stream's end waits for them to be
-    written. A completed stream is replayed for ``ttl`` (:meth:`Store.complete`).
+    written. A completed stream is replayed for ``--ttl`` (:meth:`Lease.complete`).
     """
-    recorder = _Recorder(store, tenant, key, token, live, max_stored, lease)
+    recorder = _Recorder(lease, live, max_stored)
     recorder.begin(response.status, response.headers)
     try:
         return await _relay_and_settle(
-            store,
-            tenant,
-            key,
-            token,
+            lease,
             response,
             live,
             recorder,
@@ -333,9 +290,6 @@ async def record_stream(
             on_last_event=on_last_event,
             joined=joined,
             facts=facts,
-            pending=pending,
-            until=until,
-            ttl=ttl,
         )
     finally:
         # Cancelled (shutdown, every client left with --on-stream-disconnect cancel)
@@ -344,10 +298,7 @@ async def record_stream(
 
 
 async def _relay_and_settle(
-    store: Store,
-    tenant: str,
-    key: str,
-    token: str,
+    lease: Lease,
     response: OpenResponse,
     live: LiveStream,
     recorder: _Recorder,
@@ -356,9 +307,6 @@ async def _relay_and_settle(
     on_last_event: Callable[[], object],
     joined: Callable[[], int],
     facts: UpstreamFacts,
-    pending: PendingWrites | None,
-    until: Until,
-    ttl: float,
 ) -> StoredResponse | None:
     splitter = EventSplitter()
     usage = StreamUsage()
@@ -386,12 +334,12 @@ async def _relay_and_settle(
             await take(splitter.feed(chunk))
         await take(splitter.close())
     except ProblemError as exc:
-        log.warning("the upstream stream of key %r broke off: %s", key, exc.detail)
+        log.warning("the upstream stream of key %r broke off: %s", lease.key, exc.detail)
         recorder.cancel()
         facts.usage_missing = "no_response"
         on_last_event()
         live.finish(failed=True)
-        await release_quietly(store, tenant, key, token, pending, until)
+        await lease.release_or_retry()
         return None
     # Still a run of this process meanwhile: its lease is renewed (renew_leases).
     await recorder.finish()
@@ -404,35 +352,12 @@ async def _relay_and_settle(
         if not recorder.ok or facts.not_stored == "upstream_error":
             # An error event on a 200 (Anthropic's overloaded_error, OpenRouter's
             # error chunk): no whole answer, none billed, so a retry runs again.
-            await release_quietly(store, tenant, key, token, pending, until)
+            await lease.release_or_retry()
             return None
         stored = StoredResponse(response.status, response.headers, b"", stream=True)
-        completed = await store.complete(
-            tenant,
-            key,
-            token,
-            stored,
-            usage=facts.usage,
-            cost_usd=facts.cost_usd,
-            replays=joined(),
-            ttl=ttl,
+        completed = await lease.complete_or_retry(
+            stored, usage=facts.usage, cost_usd=facts.cost_usd, replays=joined()
         )
-    except StorageError as exc:
-        log.error("could not complete the stream of key %r (retried later): %s", key, exc)
-        if pending is not None:
-            late = functools.partial(
-                store.complete,
-                tenant,
-                key,
-                token,
-                stored,
-                usage=facts.usage,
-                cost_usd=facts.cost_usd,
-                replays=joined(),
-                ttl=ttl,
-            )
-            pending.add("complete", key, late, until)
-        return None
     finally:
         live.finish()
     return stored if completed else None
