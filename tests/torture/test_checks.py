@@ -15,6 +15,7 @@ from payonce.torture.checks import (
     BILLED_ONCE,
     CALL_LOG,
     KEY_REUSE,
+    METRICS,
     NO_STUCK_KEYS,
     REPLAY_EQUALS_FIRST,
     WHOLE_ANSWERS,
@@ -175,3 +176,22 @@ def test_a_different_body_with_a_completed_key_must_be_refused() -> None:
     early = _seen(0, _stream("g1"))
     early.ended = 9.0
     assert KEY_REUSE not in _names(_history([early, changed], ["g1", "g2"]))
+
+
+def test_request_counters_that_disagree_with_the_call_log_are_a_violation() -> None:
+    seen = [_seen(1, _stream("g1")), _seen(2, _stream("g1"))]
+    lines = [
+        {"request_id": "r1", "outcome": "forwarded", "status": 200},
+        {"request_id": "r2", "outcome": "replayed", "status": 499},
+    ]
+    agreeing = {("forwarded", "2xx"): 1.0, ("replayed", "499"): 1.0}
+    history = _history(seen, ["g1"], gateway_lines={0: lines}, request_metrics={0: agreeing})
+    assert METRICS not in _names(history)
+    # A client that left counted as a 200 by the metrics (the call log's 499 is the truth).
+    lying = {("forwarded", "2xx"): 1.0, ("replayed", "2xx"): 1.0}
+    history = _history(seen, ["g1"], gateway_lines={0: lines}, request_metrics={0: lying})
+    assert METRICS in _names(history)
+    # A request counted that no line records.
+    extra = {**agreeing, ("error", "5xx"): 1.0}
+    history = _history(seen, ["g1"], gateway_lines={0: lines}, request_metrics={0: extra})
+    assert METRICS in _names(history)

@@ -33,6 +33,7 @@ NO_STUCK_KEYS = "no-stuck-keys"
 CALL_LOG = "call-log-tells-the-truth"
 KEY_REUSE = "key-reuse-refused"
 RSS_BOUNDED = "memory-bounded"
+METRICS = "metrics-match-call-log"
 INVARIANTS = (
     BILLED_ONCE,
     WHOLE_ANSWERS,
@@ -41,6 +42,7 @@ INVARIANTS = (
     CALL_LOG,
     KEY_REUSE,
     RSS_BOUNDED,
+    METRICS,
 )
 RSS_LIMIT = 1024 * 1024 * 1024
 
@@ -84,6 +86,11 @@ class History:
     expected: dict[tuple[str, int], str]  # (api, prompt) -> the answer's text
     rss: dict[str, int | None]
     killed_gateways: frozenset[int] = field(default_factory=frozenset)
+    # Gateway number -> its call log's lines, and its payonce_requests_total by
+    # (outcome, status class), for each gateway that ran as one process throughout
+    # (a restart starts its counters from zero while its call log goes on).
+    gateway_lines: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    request_metrics: dict[int, dict[tuple[str, str], float]] = field(default_factory=dict)
     excused: list[str] = field(default_factory=list)  # double bills a fault explains
 
 
@@ -160,6 +167,13 @@ def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
                 failed = True
             pieces.append((choice.get("delta") or {}).get("content") or "")
     return Answer(frozenset(ids), "".join(pieces), terminated, failed)
+
+
+def status_class(status: int) -> str:
+    """The ``status_class`` label payonce_requests_total gives a call-log ``status``."""
+    if status == 499:
+        return "499"
+    return f"{min(max(status // 100, 1), 5)}xx"
 
 
 def _by_key(observations: Iterable[Observation]) -> dict[str, list[Observation]]:
@@ -378,6 +392,25 @@ def check(history: History, *, lease: float) -> list[Violation]:
                     f"the client got {observation.status}, the line says {status}",
                     call.key,
                     (call.number,),
+                )
+            )
+
+    # metrics-match-call-log: a gateway's request counters say what its call log says.
+    for number, counted in history.request_metrics.items():
+        logged: dict[tuple[str, str], float] = defaultdict(float)
+        for line in history.gateway_lines.get(number, []):
+            logged[(str(line.get("outcome")), status_class(int(line.get("status") or 0)))] += 1
+        differ = {
+            name: (logged.get(name, 0.0), counted.get(name, 0.0))
+            for name in set(logged) | set(counted)
+            if logged.get(name, 0.0) != counted.get(name, 0.0)
+        }
+        for (outcome, status), (lines_of, metric) in sorted(differ.items()):
+            violations.append(
+                Violation(
+                    METRICS,
+                    f"gateway {number}: {lines_of:.0f} call-log lines {outcome} {status},"
+                    f" payonce_requests_total says {metric:.0f}",
                 )
             )
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from payonce.torture.checks import History, Violation, check, read_answer
 from payonce.torture.cluster import Cluster
@@ -108,9 +109,40 @@ def _statuses(cluster: Cluster, keys: set[str], lease: float) -> dict[str, dict[
     return statuses
 
 
-def _call_log(folder: Path) -> list[dict[str, Any]]:
+def _request_metrics(port: int) -> dict[tuple[str, str], float]:
+    """payonce_requests_total of one gateway, by (outcome, status class), nonzero only."""
+    status, body = _get(port, "/_payonce/metrics")
+    if status != 200:
+        raise RuntimeError(f"GET /_payonce/metrics on port {port} answered {status}")
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "payonce_requests_total" and sample.value:
+                labels = sample.labels
+                counts[(labels["outcome"], labels["status_class"])] = sample.value
+    return counts
+
+
+def _settled_metrics(cluster: Cluster) -> dict[int, dict[tuple[str, str], float]]:
+    """The request counters of every gateway that never restarted, once they stop moving.
+
+    A keyed stream whose client left is counted when its run ends, which may be
+    a moment after the last client request returned.
+    """
+    ports = {n: g.port for n, g in enumerate(cluster.gateways) if g.starts == 1}
+    before = {n: _request_metrics(port) for n, port in ports.items()}
+    for _ in range(20):
+        time.sleep(0.5)
+        now = {n: _request_metrics(port) for n, port in ports.items()}
+        if now == before:
+            break
+        before = now
+    return before
+
+
+def _call_log(folder: Path, pattern: str = "calls*.jsonl*") -> list[dict[str, Any]]:
     lines = []
-    for path in sorted(folder.glob("calls*.jsonl*")):
+    for path in sorted(folder.glob(pattern)):
         for raw in path.read_bytes().splitlines():
             if raw.strip():
                 lines.append(orjson.loads(raw))
@@ -143,8 +175,9 @@ def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
         _, ledger_body = _get(cluster.sim.port, "/_sim/ledger?entries=1")
         ledger = orjson.loads(ledger_body).get("entries", [])
         killed = frozenset(i for i, g in enumerate(cluster.gateways) if g.killed)
+        metrics = _settled_metrics(cluster)
     finally:
-        cluster.stop()
+        cluster.stop()  # its call logs are written whole at shutdown
     history = History(
         observations=observations,
         played=played,
@@ -154,6 +187,8 @@ def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
         expected=expected,
         rss=rss,
         killed_gateways=killed,
+        gateway_lines={n: _call_log(folder, f"calls{n}.jsonl*") for n in metrics},
+        request_metrics=metrics,
     )
     violations = check(history, lease=plan.lease)
     _keep_bodies(folder, observations, violations)
