@@ -17,6 +17,7 @@ from payonce.torture.checks import (
     KEY_REUSE,
     METRICS,
     NO_STUCK_KEYS,
+    RECONCILE,
     REPLAY_EQUALS_FIRST,
     WHOLE_ANSWERS,
     History,
@@ -195,3 +196,26 @@ def test_request_counters_that_disagree_with_the_call_log_are_a_violation() -> N
     extra = {**agreeing, ("error", "5xx"): 1.0}
     history = _history(seen, ["g1"], gateway_lines={0: lines}, request_metrics={0: extra})
     assert METRICS in _names(history)
+
+
+def test_reconcile_must_count_the_bill_and_its_duplicates_as_the_ledgers_tags_do() -> None:
+    seen = [_seen(1, _stream("g1")), _seen(2, _stream("g1"))]
+    truth = {"bill_lines": 1, "unmatched_bill_lines": 0, "duplicate_generations": 0}
+    assert RECONCILE not in _names(_history(seen, ["g1"], reconciled=truth))
+    # Two generations of one key (a kill explains them): one is a duplicate.
+    played = [Played(Fault(1, 0.0, "kill", 1.0, target=0), 0.5, 1.5)]
+    two = {"bill_lines": 2, "unmatched_bill_lines": 0, "duplicate_generations": 1}
+    history = _history(seen, ["g1", "g2"], reconciled=two, played=played)
+    assert RECONCILE not in _names(history)
+    missed = {**two, "duplicate_generations": 0}
+    history = _history(seen, ["g1", "g2"], reconciled=missed, played=played)
+    assert RECONCILE in _names(history)
+    # A bill line nothing explains, while every call-log line was kept.
+    unexplained = {**two, "unmatched_bill_lines": 1, "duplicate_generations": 0}
+    history = _history(seen, ["g1", "g2"], reconciled=unexplained, played=played)
+    assert RECONCILE in _names(history)
+    # ... which a killed gateway's lost lines excuse.
+    history = _history(
+        seen, ["g1", "g2"], reconciled=unexplained, played=played, killed_gateways=frozenset({0})
+    )
+    assert RECONCILE not in _names(history)

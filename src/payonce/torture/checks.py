@@ -34,6 +34,7 @@ CALL_LOG = "call-log-tells-the-truth"
 KEY_REUSE = "key-reuse-refused"
 RSS_BOUNDED = "memory-bounded"
 METRICS = "metrics-match-call-log"
+RECONCILE = "reconcile-tells-the-truth"
 INVARIANTS = (
     BILLED_ONCE,
     WHOLE_ANSWERS,
@@ -43,6 +44,7 @@ INVARIANTS = (
     KEY_REUSE,
     RSS_BOUNDED,
     METRICS,
+    RECONCILE,
 )
 RSS_LIMIT = 1024 * 1024 * 1024
 
@@ -91,6 +93,9 @@ class History:
     # (a restart starts its counters from zero while its call log goes on).
     gateway_lines: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     request_metrics: dict[int, dict[tuple[str, str], float]] = field(default_factory=dict)
+    # `payonce reconcile --json -` of the run's call logs against its ledger (None:
+    # not run, as when payonce[reconcile] is not installed; the runner says so).
+    reconciled: dict[str, Any] | None = None
     excused: list[str] = field(default_factory=list)  # double bills a fault explains
 
 
@@ -414,8 +419,52 @@ def check(history: History, *, lease: float) -> list[Violation]:
                 )
             )
 
+    # reconcile-tells-the-truth: the bill's figures as the ledger's tags give them.
+    if history.reconciled is not None:
+        violations.extend(_reconcile_violations(history))
+
     # memory-bounded
     for name, rss in history.rss.items():
         if rss is not None and rss > RSS_LIMIT:
             violations.append(Violation(RSS_BOUNDED, f"{name} holds {rss / 2**20:.0f} MiB"))
     return violations
+
+
+def _reconcile_violations(history: History) -> list[Violation]:
+    """Reconcile's totals against the truth the ledger's tags tell.
+
+    Every generation is tagged with its business request (the key, or one tag per
+    unkeyed call), so the truth is known: generations billed, and duplicates
+    (each generation of a business request beyond its first). Reconcile must
+    count every bill line, and, when the call logs explain every line (no gateway
+    was killed, so no line was lost), find exactly those duplicates.
+    """
+    found: list[Violation] = []
+    report = history.reconciled or {}
+    per_user: dict[str, int] = defaultdict(int)
+    for entry in history.ledger:
+        per_user[str(entry.get("user", ""))] += 1
+    billed = len(history.ledger)
+    duplicates = sum(count - 1 for count in per_user.values())
+    if report.get("bill_lines") != billed:
+        found.append(
+            Violation(
+                RECONCILE, f"{report.get('bill_lines')} bill lines read, the ledger has {billed}"
+            )
+        )
+    unmatched = report.get("unmatched_bill_lines") or 0
+    if unmatched and not history.killed_gateways:
+        found.append(
+            Violation(
+                RECONCILE, f"{unmatched} bill lines no call-log line explains, no gateway killed"
+            )
+        )
+    if not unmatched and report.get("duplicate_generations") != duplicates:
+        found.append(
+            Violation(
+                RECONCILE,
+                f"reconcile finds {report.get('duplicate_generations')} duplicate generations,"
+                f" the ledger's tags {duplicates}",
+            )
+        )
+    return found

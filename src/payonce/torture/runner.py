@@ -13,6 +13,8 @@ import concurrent.futures
 import http.client
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -140,6 +142,23 @@ def _settled_metrics(cluster: Cluster) -> dict[int, dict[tuple[str, str], float]
     return before
 
 
+def _reconcile(folder: Path, ledger: Path) -> dict[str, Any] | None:
+    """``payonce reconcile --json -`` of the run's call logs and ledger, as a user runs it."""
+    calls = sorted(str(path) for path in folder.glob("calls*.jsonl*"))
+    if not calls:
+        return None
+    command = [sys.executable, "-m", "payonce", "reconcile", "--calls", *calls]
+    command += ["--bill", str(ledger), "--json", "-"]
+    done = subprocess.run(command, capture_output=True, cwd=folder, timeout=300, check=False)
+    if done.returncode == 2 and b"pip install" in done.stderr:
+        log.warning("reconcile-tells-the-truth not checked: %s", done.stderr.decode().strip())
+        return None
+    if done.returncode not in (0, 1):  # 1: an alert fired, the document is still there
+        raise RuntimeError(f"payonce reconcile failed ({done.returncode}): {done.stderr.decode()}")
+    document = orjson.loads(done.stdout)
+    return document if isinstance(document, dict) else None
+
+
 def _call_log(folder: Path, pattern: str = "calls*.jsonl*") -> list[dict[str, Any]]:
     lines = []
     for path in sorted(folder.glob(pattern)):
@@ -190,6 +209,7 @@ def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
         gateway_lines={n: _call_log(folder, f"calls{n}.jsonl*") for n in metrics},
         request_metrics=metrics,
     )
+    history.reconciled = _reconcile(folder, cluster.ledger)
     violations = check(history, lease=plan.lease)
     _keep_bodies(folder, observations, violations)
     result = RunResult(plan, violations, history.excused, len(observations), len(ledger), folder)
