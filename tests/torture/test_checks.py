@@ -219,3 +219,17 @@ def test_reconcile_must_count_the_bill_and_its_duplicates_as_the_ledgers_tags_do
         seen, ["g1", "g2"], reconciled=unexplained, played=played, killed_gateways=frozenset({0})
     )
     assert RECONCILE not in _names(history)
+
+
+def test_a_numbered_comment_breaks_the_openai_sdk_and_the_check_says_so() -> None:
+    # Issue 29, defect 5: the gateway numbered comment blocks ("id: 2\n: ping\n\n").
+    numbered = _chunk("g1", "Hello") + b"id: 2\n: ping\n\n" + _chunk("g1", " there.")
+    body = numbered + b"data: [DONE]\n\n"
+    assert WHOLE_ANSWERS in _names(_history([_seen(1, body)], ["g1"]))
+    # After an event that carried an id, even a bare comment block dispatches.
+    with_id = b"id: 1-ab\n" + _chunk("g1", "Hello") + b": ping\n\n" + _chunk("g1", " there.")
+    body = with_id + b"data: [DONE]\n\n"
+    assert WHOLE_ANSWERS in _names(_history([_seen(1, body)], ["g1"]))
+    # Comments relayed bare, as lines of no block, are what the SDK ignores.
+    bare = b": ping\n" + _chunk("g1", "Hello") + b": ping\n" + _chunk("g1", " there.")
+    assert WHOLE_ANSWERS not in _names(_history([_seen(1, bare + b"data: [DONE]\n\n")], ["g1"]))

@@ -118,6 +118,40 @@ def _events(body: bytes) -> Iterable[tuple[str, bytes]]:
         yield kind, b"\n".join(data)
 
 
+def empty_sdk_events(body: bytes) -> int:
+    """Events the official openai SDK would decode with empty data, and fail on.
+
+    Its decoder (Stainless's ``SSEDecoder``) dispatches an event at a blank line
+    when the block set ``event``, ``data`` or ``retry``, or when any earlier block
+    set an ``id`` (it keeps the last one): a comment block numbered by the gateway,
+    or a bare comment after a numbered event, becomes an event with data ``""``,
+    and ``json.loads("")`` raises on it, on the first call and on every replay.
+    """
+    count, last_id = 0, False
+    event = retry = False
+    data: list[bytes] | None = None
+    for line in _LINE_BREAK.split(body):
+        if not line:
+            if event or data is not None or retry or last_id:
+                if not data or not b"".join(data):
+                    count += 1
+            event = retry = False
+            data = None
+            continue
+        if line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        if name == b"id":
+            last_id = True
+        elif name == b"event":
+            event = True
+        elif name == b"retry":
+            retry = True
+        elif name == b"data":
+            data = [*(data or []), value.removeprefix(b" ")]
+    return count
+
+
 def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
     """The answer in ``body``; ``None`` when it is not one (not JSON, not events)."""
     if not stream:
@@ -315,6 +349,11 @@ def check(history: History, *, lease: float) -> list[Violation]:
             continue
         if answer.failed:
             continue  # the upstream's own error, relayed as it came: the client sees it
+        if call.stream and call.api == "chat":
+            empty = empty_sdk_events(_as_read(observation, by_number))
+            if empty:
+                bad(WHOLE_ANSWERS, f"{empty} events the openai SDK decodes as empty", call)
+                continue
         if not answer.terminated:
             violations.append(
                 Violation(
