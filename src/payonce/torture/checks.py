@@ -132,9 +132,9 @@ def empty_sdk_events(body: bytes) -> int:
     data: list[bytes] | None = None
     for line in _LINE_BREAK.split(body):
         if not line:
-            if event or data is not None or retry or last_id:
-                if not data or not b"".join(data):
-                    count += 1
+            dispatched = event or data is not None or retry or last_id
+            if dispatched and not b"".join(data or []):
+                count += 1
             event = retry = False
             data = None
             continue
