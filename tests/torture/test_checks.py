@@ -19,6 +19,7 @@ from payonce.torture.checks import (
     NO_STUCK_KEYS,
     RECONCILE,
     REPLAY_EQUALS_FIRST,
+    STORE_HIDDEN,
     WHOLE_ANSWERS,
     History,
     check,
@@ -233,3 +234,15 @@ def test_a_numbered_comment_breaks_the_openai_sdk_and_the_check_says_so() -> Non
     # Comments relayed bare, as lines of no block, are what the SDK ignores.
     bare = b": ping\n" + _chunk("g1", "Hello") + b": ping\n" + _chunk("g1", " there.")
     assert WHOLE_ANSWERS not in _names(_history([_seen(1, bare + b"data: [DONE]\n\n")], ["g1"]))
+
+
+def test_an_answer_that_names_the_store_is_a_violation() -> None:
+    # Issue 29, defect 8: a stalled Redis's own message reached the caller.
+    leaked = b'{"type":"store-timeout","detail":"Timeout reading from 127.0.0.1:6390"}'
+    seen = _seen(1, leaked)
+    seen.status = 503
+    history = _history([seen], [], store_marks=("127.0.0.1:6390",))
+    assert STORE_HIDDEN in _names(history)
+    fixed = _seen(1, b'{"type":"store-timeout","detail":"the store did not answer in time"}')
+    fixed.status = 503
+    assert STORE_HIDDEN not in _names(_history([fixed], [], store_marks=("127.0.0.1:6390",)))

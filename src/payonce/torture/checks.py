@@ -35,6 +35,7 @@ KEY_REUSE = "key-reuse-refused"
 RSS_BOUNDED = "memory-bounded"
 METRICS = "metrics-match-call-log"
 RECONCILE = "reconcile-tells-the-truth"
+STORE_HIDDEN = "store-details-hidden"
 INVARIANTS = (
     BILLED_ONCE,
     WHOLE_ANSWERS,
@@ -45,6 +46,7 @@ INVARIANTS = (
     RSS_BOUNDED,
     METRICS,
     RECONCILE,
+    STORE_HIDDEN,
 )
 RSS_LIMIT = 1024 * 1024 * 1024
 
@@ -96,6 +98,8 @@ class History:
     # `payonce reconcile --json -` of the run's call logs against its ledger (None:
     # not run, as when payonce[reconcile] is not installed; the runner says so).
     reconciled: dict[str, Any] | None = None
+    # What would tell a caller where the store is: its address or file (defect 8).
+    store_marks: tuple[str, ...] = ()
     excused: list[str] = field(default_factory=list)  # double bills a fault explains
 
 
@@ -461,6 +465,13 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # reconcile-tells-the-truth: the bill's figures as the ledger's tags give them.
     if history.reconciled is not None:
         violations.extend(_reconcile_violations(history))
+
+    # store-details-hidden: callers get a stable problem type, never the store's address.
+    marks = [mark.encode() for mark in history.store_marks if mark]
+    for observation in history.observations:
+        named = [mark for mark in marks if mark in observation.body]
+        if named:
+            bad(STORE_HIDDEN, f"the answer names the store ({named[0].decode()})", observation.call)
 
     # memory-bounded
     for name, rss in history.rss.items():

@@ -182,6 +182,15 @@ class Cluster:
                 )
             )  # fmt: skip
 
+    def store_marks(self) -> tuple[str, ...]:
+        """What names the store to someone who reads it: its address, or its file's name."""
+        if self.store_url.startswith("sqlite:///"):
+            return (Path(self.store_url.removeprefix("sqlite:///")).name,)
+        if self.store_url.startswith("redis://"):
+            address = self.store_url.removeprefix("redis://").split("/", 1)[0]
+            return (address,)
+        return ()
+
     def start(self) -> None:
         """Start the store's process, the simulator, then the gateways."""
         if self.redis is not None:

@@ -210,6 +210,7 @@ def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
         request_metrics=metrics,
     )
     history.reconciled = _reconcile(folder, cluster.ledger)
+    history.store_marks = cluster.store_marks()
     violations = check(history, lease=plan.lease)
     _keep_bodies(folder, observations, violations)
     result = RunResult(plan, violations, history.excused, len(observations), len(ledger), folder)
