@@ -59,6 +59,13 @@ class _ConfigExit(click.ClickException):
     default=None,
     help="Keep every run's files (logs, call logs, ledger) under this folder.",
 )
+@click.option(
+    "--gateway-src",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Run the gateways from this checkout's src/ (an older payonce: does the checker"
+    " find its defects?); the simulator and the checks stay this version's.",
+)
 def torture_command(
     seed: int | None,
     store: str,
@@ -68,6 +75,7 @@ def torture_command(
     lease: str,
     shrink_budget: str,
     keep: Path | None,
+    gateway_src: Path | None,
 ) -> None:
     """Check the guarantee the way databases are checked: random calls and faults
     against real processes, then every invariant of docs/guarantees.md.
@@ -99,7 +107,7 @@ def torture_command(
         )
         folder = None if keep is None else keep / f"seed-{current}"
         try:
-            result = run(plan, keep=folder)
+            result = run(plan, keep=folder, gateway_src=gateway_src)
         except ConfigError as exc:
             raise _ConfigExit(str(exc)) from exc
         runs += 1
@@ -115,7 +123,7 @@ def torture_command(
             for violation in result.violations[:20]:
                 click.echo(f"  {violation}", err=True)
             if budget > 0:
-                small = shrink(result, budget=budget)
+                small = shrink(result, budget=budget, gateway_src=gateway_src)
                 click.echo(
                     f"  shrunk to {len(small.plan.calls)} calls and {len(small.plan.faults)}"
                     f" faults: {small.violations[0] if small.violations else 'passed'}",

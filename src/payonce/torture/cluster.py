@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import shutil
 import signal
 import socket
@@ -63,6 +64,7 @@ class Node:
     folder: Path
     ready_path: str
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # None: this process's environment
     starts: int = 0
     stopped: bool = False
     killed: bool = False  # ever SIGKILLed: its buffered call-log lines may be lost
@@ -80,7 +82,7 @@ class Node:
         self.starts += 1
         with self.log.open("ab") as output:
             self.process = subprocess.Popen(
-                self.args, stdout=output, stderr=subprocess.STDOUT, cwd=self.folder
+                self.args, stdout=output, stderr=subprocess.STDOUT, cwd=self.folder, env=self.env
             )
         self.stopped = False
         _wait_ready(self.port, self.ready_path, self.process, self.log, timeout)
@@ -130,7 +132,18 @@ class Node:
 class Cluster:
     """A simulator, ``gateways`` gateways on one store, and the store's own process."""
 
-    def __init__(self, folder: Path, *, store: str, gateways: int, lease: float) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        store: str,
+        gateways: int,
+        lease: float,
+        gateway_src: Path | None = None,
+    ) -> None:
+        """``gateway_src``: run the gateways from that checkout's ``src`` (an older
+        payonce, to see the checker find what it got wrong); the simulator and
+        the checker stay this one."""
         if store not in STORES:
             raise ConfigError(f"--store: {store!r} is not one of {', '.join(STORES)}")
         if store == "memory" and gateways > 1:
@@ -167,6 +180,9 @@ class Cluster:
         else:
             self.store_url = "memory://"
         self.gateways: list[Node] = []
+        env = None
+        if gateway_src is not None:
+            env = {**os.environ, "PYTHONPATH": str(gateway_src.resolve() / "src")}
         for number in range(gateways):
             port = free_port()
             self.gateways.append(
@@ -179,6 +195,7 @@ class Cluster:
                     port,
                     folder,
                     "/_payonce/health",
+                    env=env,
                 )
             )  # fmt: skip
 

@@ -168,12 +168,18 @@ def _call_log(folder: Path, pattern: str = "calls*.jsonl*") -> list[dict[str, An
     return lines
 
 
-def run(plan: Plan, *, keep: Path | None = None) -> RunResult:
+def run(plan: Plan, *, keep: Path | None = None, gateway_src: Path | None = None) -> RunResult:
     """Run ``plan`` on fresh processes; its files go to ``keep`` (else a temporary folder,
-    removed unless the run failed)."""
+    removed unless the run failed). ``gateway_src``: the gateways' checkout."""
     folder = keep or Path(tempfile.mkdtemp(prefix=f"payonce-torture-{plan.seed}-"))
     folder.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(folder, store=plan.store, gateways=plan.gateways, lease=plan.lease)
+    cluster = Cluster(
+        folder,
+        store=plan.store,
+        gateways=plan.gateways,
+        lease=plan.lease,
+        gateway_src=gateway_src,
+    )
     try:
         cluster.start()
         expected = _expected(cluster)
@@ -231,7 +237,7 @@ def _keep_bodies(folder: Path, observations: list[Any], violations: list[Violati
                 (folder / f"call-{number}.txt").write_text(f"{observation!r}"[:4000])
 
 
-def shrink(result: RunResult, *, budget: float) -> RunResult:
+def shrink(result: RunResult, *, budget: float, gateway_src: Path | None = None) -> RunResult:
     """A smaller plan that still breaks the first invariant ``result`` broke.
 
     Halves of the calls first (a key's calls go together), then each fault, then
@@ -247,7 +253,7 @@ def shrink(result: RunResult, *, budget: float) -> RunResult:
         nonlocal best
         if time.monotonic() > deadline or not plan.calls:
             return False
-        attempt = run(plan)
+        attempt = run(plan, gateway_src=gateway_src)
         if any(v.invariant == invariant for v in attempt.violations):
             if best.folder is not None and best is not result:
                 shutil.rmtree(best.folder, ignore_errors=True)
