@@ -134,11 +134,14 @@ def empty_sdk_events(body: bytes) -> int:
     count, last_id = 0, False
     event = retry = False
     data: list[bytes] | None = None
-    for line in _LINE_BREAK.split(body):
+    # The last piece is what follows the last line break: no line yet.
+    for line in _LINE_BREAK.split(body)[:-1]:
         if not line:
             dispatched = event or data is not None or retry or last_id
             if dispatched and not b"".join(data or []):
                 count += 1
+            if data is not None and b"".join(data).startswith(b"[DONE]"):
+                break  # the SDK reads no further
             event = retry = False
             data = None
             continue

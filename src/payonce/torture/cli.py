@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 import sys
 from pathlib import Path
@@ -122,6 +123,11 @@ def torture_command(
         if not result.ok:
             for violation in result.violations[:20]:
                 click.echo(f"  {violation}", err=True)
+            counts = collections.Counter(v.invariant for v in result.violations)
+            click.echo(
+                "  by invariant: " + ", ".join(f"{name} {n}" for name, n in counts.most_common()),
+                err=True,
+            )
             if budget > 0:
                 small = shrink(result, budget=budget, gateway_src=gateway_src)
                 click.echo(
