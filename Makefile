@@ -15,11 +15,9 @@ LATEST := $(VENV)/latest
 # reaches): it uses the virtualenv made from $(PYTHON).
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
-# Most tests wait on real processes (gateways, simulators, Redis, Prometheus, the
-# demo's latencies), not on the CPU: three workers on this 2-core machine, one test
-# file each at a time (module fixtures stay shared). The whole suite: 713 s with 3,
-# 918 s with 2 (2026-12-06), against a budget of 15 minutes.
-TEST_WORKERS ?= 3
+# Most tests wait on real processes (gateways, simulators, Redis, Prometheus), not on
+# the CPU: two workers, one test file each at a time (module fixtures stay shared).
+TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: run test setup prepare demo lint typecheck bench upgrade test-latest clean
