@@ -1,6 +1,6 @@
 """The gateway's own copy of a running record's expiry follows the store's (issue 29, defect 3).
 
-Pending writes give up at ``Execution.expires_at`` and the replay cache keeps
+Pending writes give up at ``Lease.expires_at`` and the replay cache keeps
 answers until it: a copy fixed at the claim gave up a long call's failed
 ``complete`` at once although its record was still held.
 """
@@ -34,8 +34,8 @@ async def test_renewals_move_the_runs_expiry_on_with_the_records() -> None:
         record = await store.get("t", "k")
         assert record is not None, "the running call's record expired"
         assert clock.now() > claimed.created_at + TTL
-        assert execution.expires_at > clock.now() + LEASE / 2, "the copy stayed at the claim's"
-        assert execution.expires_at <= record.expires_at, "the copy must never be later"
+        assert lease.expires_at > clock.now() + LEASE / 2, "the copy stayed at the claim's"
+        assert lease.expires_at <= record.expires_at, "the copy must never be later"
     finally:
         renewing.cancel()
         await asyncio.gather(renewing, return_exceptions=True)

@@ -615,7 +615,7 @@ class Gateway:
         if isinstance(head, ProblemError):
             raise head
         if isinstance(head, LiveStream):
-            left = await relay_live(send, receive, head, marker, after, execution.token)
+            left = await relay_live(send, receive, head, marker, after, execution.lease.token)
             if (
                 left
                 and self.settings.on_stream_disconnect == "cancel"
@@ -677,7 +677,7 @@ class Gateway:
                 execution.tenant,
                 execution.key,
                 execution.fingerprint,
-                execution.expires_at,
+                execution.lease.expires_at,
                 stored,
                 execution.facts,
             )

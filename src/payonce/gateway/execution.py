@@ -84,15 +84,6 @@ class Execution:
         return self.lease.key
 
     @property
-    def token(self) -> str:
-        return self.lease.token
-
-    @property
-    def expires_at(self) -> float:
-        """The record's expiry as this process knows it (:class:`Lease`)."""
-        return self.lease.expires_at
-
-    @property
     def head_value(self) -> Head | None:
         """The head once known (a whole response, a problem, or the live stream)."""
         if self.head.done() and not self.head.cancelled():

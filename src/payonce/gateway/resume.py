@@ -54,7 +54,7 @@ async def find_run(
             " be told from another run's; send the request without Last-Event-ID to start over"
         )
     local = running.get(tenant, key)
-    if local is not None and run_tag(local.token) == resume.run:
+    if local is not None and run_tag(local.lease.token) == resume.run:
         return local
     loop = asyncio.get_running_loop()
     record = await store.get(tenant, key)

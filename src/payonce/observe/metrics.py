@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from payonce.observe.calllog import CallRecord
     from payonce.observe.facts import UpstreamFacts
 
-__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics", "model_label"]
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "Metrics", "model_label", "status_class"]
 
 OUTCOMES = (
     "forwarded",
@@ -79,7 +79,8 @@ def model_label(model: str | None) -> str:
     return name if name is not None else "other"
 
 
-def _status_class(status: int) -> str:
+def status_class(status: int) -> str:
+    """The ``status_class`` label of a client status: ``499`` apart, else ``2xx`` ..."""
     if status == 499:
         return "499"
     return f"{min(max(status // 100, 1), 5)}xx"
@@ -310,7 +311,7 @@ class Metrics:
     def _answered_slots_of(self, key: tuple[str, int]) -> tuple[Slot, ...]:
         """The values an answered (outcome, status) adds to (as :meth:`_apply_answered`)."""
         outcome, status = key
-        found = [self._requests[(outcome, _status_class(status))]]
+        found = [self._requests[(outcome, status_class(status))]]
         if outcome in ("replayed", "joined"):
             found.append(self._duplicates[outcome])
         elif outcome == "error" and status == 503:
@@ -485,7 +486,7 @@ class Metrics:
     def _apply_answered(self) -> None:
         answered, self._answered = self._answered, {}
         for (outcome, status), count in answered.items():
-            self._requests[(outcome, _status_class(status))].inc(count)
+            self._requests[(outcome, status_class(status))].inc(count)
             if outcome in ("replayed", "joined"):
                 self._duplicates[outcome].inc(count)
             elif outcome == "error" and status == 503:

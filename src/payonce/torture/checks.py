@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from payonce.observe.metrics import status_class
 from payonce.torture.driver import Observation, complete_events_end
 from payonce.torture.nemesis import Played
 from payonce.torture.plan import Call
@@ -213,13 +214,6 @@ def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
                 failed = True
             pieces.append((choice.get("delta") or {}).get("content") or "")
     return Answer(frozenset(ids), "".join(pieces), terminated, failed)
-
-
-def status_class(status: int) -> str:
-    """The ``status_class`` label payonce_requests_total gives a call-log ``status``."""
-    if status == 499:
-        return "499"
-    return f"{min(max(status // 100, 1), 5)}xx"
 
 
 def _by_key(observations: Iterable[Observation]) -> dict[str, list[Observation]]:
