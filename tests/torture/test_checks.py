@@ -7,6 +7,9 @@ report it, and must excuse a double bill only when a fault explains it.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 from typing import Any
 
 import pytest
@@ -101,6 +104,8 @@ def test_two_bills_for_one_key_without_a_fault_are_a_violation() -> None:
         (Fault(0, 0.0, "stall", 3.5), True),
         (Fault(0, 0.0, "stall", 2.0), False),  # within the recorder's bound: one lease
         (Fault(0, 0.0, "term", 1.0, target=0), False),
+        (Fault(0, 0.0, "disk", 2.5, target=0), True),  # SQLite cannot renew its lease
+        (Fault(0, 0.0, "disk", 1.0, target=0), False),
     ],
 )
 def test_a_double_bill_is_excused_only_by_a_fault_that_explains_it(
@@ -246,3 +251,62 @@ def test_an_answer_that_names_the_store_is_a_violation() -> None:
     fixed = _seen(1, b'{"type":"store-timeout","detail":"the store did not answer in time"}')
     fixed.status = 503
     assert STORE_HIDDEN not in _names(_history([fixed], [], store_marks=("127.0.0.1:6390",)))
+
+
+def test_a_full_disk_excuses_nothing_when_only_the_call_log_is_on_it() -> None:
+    history = _history(
+        [_seen(0, _stream("g1")), _seen(1, _stream("g1"))],
+        ["g1", "g2"],
+        played=[Played(Fault(0, 0.0, "disk", 3.5, target=0), 0.2, 3.7)],
+        store="redis",
+    )
+    assert _names(history) == {BILLED_ONCE}
+
+
+def _billed(generation: str, finished: float) -> dict[str, Any]:
+    stamp = datetime.datetime.fromtimestamp(finished, datetime.UTC).isoformat()
+    return {"provider_request_id": generation, "user": "k", "finished_at": stamp}
+
+
+def test_a_retry_after_the_record_expired_may_bill_again_but_not_during_the_first_call() -> None:
+    first, retry = _seen(0, _stream("g1")), _seen(1, _stream("g2"))
+    first.sent_at, retry.sent_at = 1000.0, 1004.5
+    # g1 finished at 1001: its record lived until 1004 (--ttl 3s); the retry came after.
+    expired = _history([first, retry], [], ledger=[_billed("g1", 1001), _billed("g2", 1005)])
+    expired.ttl = 3.0
+    assert _names(expired) == set()
+    # g1 ran until 1006 (a call longer than --ttl): the record was still its.
+    running = _history([first, retry], [], ledger=[_billed("g1", 1006), _billed("g2", 1005)])
+    running.ttl = 3.0
+    assert _names(running) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}
+
+
+def test_a_different_body_after_the_record_expired_is_a_new_request() -> None:
+    first = _seen(0, _stream("g1"))
+    other = _seen(1, _stream("g2"), mismatch=True)
+    first.sent_at, other.sent_at = 1000.0, 1005.0
+    history = _history([first, other], [], ledger=[_billed("g1", 1001), _billed("g2", 1006)])
+    history.ttl = 3.0
+    assert KEY_REUSE not in _names(history)
+    history.ttl = None  # records live a day: the key was taken
+    assert KEY_REUSE in _names(history)
+
+
+def _embeddings(count: int, width: int = 8) -> bytes:
+    vectors = [{"object": "embedding", "index": n, "embedding": "A" * width} for n in range(count)]
+    return json.dumps({"object": "list", "data": vectors}).encode()
+
+
+def test_a_large_whole_answer_is_checked_by_its_generation_and_its_vectors() -> None:
+    def seen(number: int, body: bytes, upstream_id: str) -> Observation:
+        observation = _seen(number, body, api="embeddings", inputs=3)
+        observation.call = dataclasses.replace(observation.call, stream=False)
+        observation.upstream_id = upstream_id
+        return observation
+
+    whole = [seen(0, _embeddings(3), "g1"), seen(1, _embeddings(3), "g1")]
+    assert _names(_history(whole, ["g1"])) == set()
+    cut = [seen(0, _embeddings(3), "g1"), seen(1, _embeddings(2), "g1")]
+    assert _names(_history(cut, ["g1"])) == {WHOLE_ANSWERS}
+    twice = [seen(0, _embeddings(3), "g1"), seen(1, _embeddings(3), "g2")]
+    assert _names(_history(twice, ["g1", "g2"])) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}

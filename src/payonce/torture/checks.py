@@ -37,6 +37,7 @@ RSS_BOUNDED = "memory-bounded"
 METRICS = "metrics-match-call-log"
 RECONCILE = "reconcile-tells-the-truth"
 STORE_HIDDEN = "store-details-hidden"
+STATUS = "status-tells-the-truth"
 INVARIANTS = (
     BILLED_ONCE,
     WHOLE_ANSWERS,
@@ -48,6 +49,7 @@ INVARIANTS = (
     METRICS,
     RECONCILE,
     STORE_HIDDEN,
+    STATUS,
 )
 RSS_LIMIT = 1024 * 1024 * 1024
 
@@ -101,6 +103,10 @@ class History:
     reconciled: dict[str, Any] | None = None
     # What would tell a caller where the store is: its address or file (defect 8).
     store_marks: tuple[str, ...] = ()
+    store: str = "sqlite"  # the store kind: a full disk stops SQLite's writes too
+    ttl: float | None = None  # the gateways' --ttl, when the run set a short one
+    # gateway -> key -> its status endpoint's `replays`, once every count was flushed.
+    replays: dict[int, dict[str, int]] = field(default_factory=dict)
     excused: list[str] = field(default_factory=list)  # double bills a fault explains
 
 
@@ -160,13 +166,22 @@ def empty_sdk_events(body: bytes) -> int:
     return count
 
 
-def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
-    """The answer in ``body``; ``None`` when it is not one (not JSON, not events)."""
+def read_answer(
+    api: str, stream: bool, body: bytes, upstream_id: str | None = None
+) -> Answer | None:
+    """The answer in ``body``; ``None`` when it is not one (not JSON, not events).
+
+    An embeddings list has no id (OpenAI's has none): its generation is the
+    ``upstream_id`` its response came with (``x-request-id``), and its text says
+    how many vectors it holds, all of one length (``"3 vectors"``).
+    """
     if not stream:
         try:
             document = orjson.loads(body)
         except orjson.JSONDecodeError:
             return None
+        if api == "embeddings":
+            return _embeddings(document, upstream_id)
         if not isinstance(document, dict) or not isinstance(document.get("id"), str):
             return None
         if api == "messages":
@@ -216,6 +231,26 @@ def read_answer(api: str, stream: bool, body: bytes) -> Answer | None:
     return Answer(frozenset(ids), "".join(pieces), terminated, failed)
 
 
+def _embeddings(document: Any, upstream_id: str | None) -> Answer | None:
+    if not isinstance(document, dict) or upstream_id is None:
+        return None
+    data = document.get("data")
+    if not isinstance(data, list):
+        return None
+    vectors = {item.get("embedding") for item in data if isinstance(item, dict)}
+    lengths = {len(vector) for vector in vectors if isinstance(vector, str)}
+    text = f"{len(data)} vectors" if len(lengths) == 1 else f"ragged: lengths {sorted(lengths)}"
+    return Answer(frozenset([upstream_id]), text, True, False)
+
+
+def _answer(observation: Observation, by_number: Mapping[int, Observation]) -> Answer | None:
+    """The answer a client has after ``observation`` (a resume with its original's part)."""
+    call = observation.call
+    return read_answer(
+        call.api, call.stream, _as_read(observation, by_number), observation.upstream_id
+    )
+
+
 def _by_key(observations: Iterable[Observation]) -> dict[str, list[Observation]]:
     keyed: dict[str, list[Observation]] = defaultdict(list)
     for observation in observations:
@@ -245,23 +280,63 @@ def _finished_after(line: Mapping[str, Any], left_at: float) -> bool:
     return finished > left_at + _LEFT_SLACK
 
 
-def _explains(played: Played, served: set[int], lease: float) -> bool:
+def _explains(played: Played, served: set[int], lease: float, store: str) -> bool:
     """Whether docs/guarantees.md lets this fault bill a key twice.
 
     A gateway that served the key killed (its run's lease lapses while the
     upstream still finishes and bills it), or stopped for two thirds of a lease
-    or more (a renewal can then come too late); a store held still longer than a
+    or more (a renewal can then come too late), or, on SQLite, its disk full as
+    long (its renewals cannot be written); a store held still longer than a
     lease (a stream's unstored events are kept that long, then the key is
-    released). Shorter stalls and stops, and graceful SIGTERM, excuse nothing.
+    released). Shorter stalls and stops, a full disk under any other store (the
+    call log only), and graceful SIGTERM, excuse nothing.
     """
     fault = played.fault
     if fault.kind == "kill":
         return fault.target in served
-    if fault.kind == "stop":
+    if fault.kind == "stop" or (fault.kind == "disk" and store == "sqlite"):
         return fault.target in served and fault.seconds >= lease * 2 / 3
     if fault.kind == "stall":
         return fault.seconds > lease
     return False
+
+
+def _stamp(text: object) -> float:
+    if not isinstance(text, str):
+        return 0.0
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _lives(observations: list[Observation], bills: list[dict[str, Any]], ttl: float | None) -> int:
+    """How many generations a key may have been billed: one per life of its record.
+
+    A record lives ``ttl`` after its answer was stored; a call sent after that
+    starts a new business request, as documented. An answer is stored after the
+    upstream finished it, which is when the ledger billed it, so a call sent
+    more than ``ttl`` after that bill may have found the record gone (an upper
+    bound: the answer is stored a moment after the bill). A record that expires
+    while its call still runs is the defect this guards against (a second bill
+    during the first call): it gets no new life.
+    """
+    if ttl is None or not bills:
+        return 1
+    finished = sorted(_stamp(entry.get("finished_at")) for entry in bills)
+    lives = 1
+    expires = finished[0] + ttl
+    for sent in sorted(o.sent_at for o in observations if o.sent_at):
+        if sent > expires:
+            lives += 1
+            later = [moment for moment in finished if moment > sent]
+            if not later:
+                break
+            expires = later[0] + ttl
+    return lives
+
+
+def _expired(sent: float, bills: list[dict[str, Any]], ttl: float) -> bool:
+    """Whether every answer of the key billed before ``sent`` had expired by then."""
+    finished = [_stamp(entry.get("finished_at")) for entry in bills]
+    return all(moment < sent - ttl for moment in finished if moment < sent)
 
 
 def _faults_during(played: list[Played], start: float, end: float, slack: float) -> list[Played]:
@@ -285,7 +360,7 @@ def _answered_before(
     for o in observations:
         if o.status != 200 or not o.clean or o.left or o.call.mismatch:
             continue
-        answer = read_answer(o.call.api, o.call.stream, _as_read(o, by_number))
+        answer = _answer(o, by_number)
         whole = answer is not None and answer.terminated and not answer.failed
         if whole and o.ended < later.started:
             return True
@@ -305,14 +380,17 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # billed-once: at most one generation per key, unless a fault explains the second.
     for key, observations in keyed.items():
         count = len(bills.get(key, []))
-        if count <= 1:
+        lives = _lives(observations, bills.get(key, []), history.ttl)
+        if lives > 1:
+            excused.add(key)  # answers of two lives differ, as they should
+        if count <= lives:
             continue
         start, end = _window(observations)
         served = {o.call.gateway for o in observations}
         faults = [
             played
             for played in _faults_during(history.played, start, end, slack=3 * lease)
-            if _explains(played, served, lease)
+            if _explains(played, served, lease, history.store)
         ]
         numbers = tuple(o.call.number for o in observations)
         if faults:
@@ -332,6 +410,10 @@ def check(history: History, *, lease: float) -> list[Violation]:
     for observation in history.observations:
         call = observation.call
         if call.mismatch:
+            if history.ttl is not None and _expired(
+                observation.sent_at, bills.get(call.key or "", []), history.ttl
+            ):
+                continue  # the record was gone: a new request may use the key
             if observation.status == 200 and _answered_before(
                 keyed[call.key or ""], observation, by_number
             ):
@@ -343,7 +425,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
             continue
         if observation.status != 200 or not observation.clean or observation.left:
             continue
-        answer = read_answer(call.api, call.stream, _as_read(observation, by_number))
+        answer = _answer(observation, by_number)
         where = (call.number,)
         if answer is None:
             bad(WHOLE_ANSWERS, "a 200 that is no answer", call)
@@ -369,7 +451,11 @@ def check(history: History, *, lease: float) -> list[Violation]:
                 )
             )
             continue
-        if answer.text != history.expected[(call.api, call.prompt)]:
+        if call.api == "embeddings":
+            expected = f"{call.inputs} vectors"
+        else:
+            expected = history.expected[(call.api, call.prompt)]
+        if answer.text != expected:
             bad(WHOLE_ANSWERS, "the text is not the generation's", call)
         if not answer.ids <= billed_ids:
             violations.append(
@@ -385,7 +471,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
             call = observation.call
             if call.mismatch or observation.status != 200 or not observation.clean:
                 continue
-            answer = read_answer(call.api, call.stream, _as_read(observation, by_number))
+            answer = _answer(observation, by_number)
             if answer is None or answer.failed or not answer.terminated:
                 continue
             seen.setdefault(answer.ids, call.number)
@@ -403,6 +489,11 @@ def check(history: History, *, lease: float) -> list[Violation]:
     for key, document in history.statuses.items():
         if document.get("state") == "in_progress":
             violations.append(Violation(NO_STUCK_KEYS, "still in_progress at the end", key))
+
+    # status-tells-the-truth: the replays a key's status counts are the answers its
+    # record served (call-log lines "replayed"; "joined" ones too when they followed
+    # another gateway's recording, which the line does not tell from an in-process join).
+    violations.extend(_status_violations(history, keyed))
 
     # call-log-tells-the-truth: one line per answered request, with the status seen.
     lines: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -475,6 +566,30 @@ def check(history: History, *, lease: float) -> list[Violation]:
         if rss is not None and rss > RSS_LIMIT:
             violations.append(Violation(RSS_BOUNDED, f"{name} holds {rss / 2**20:.0f} MiB"))
     return violations
+
+
+def _status_violations(history: History, keyed: Mapping[str, list[Observation]]) -> list[Violation]:
+    found: list[Violation] = []
+    outcomes: dict[str, list[str]] = defaultdict(list)
+    for line in history.call_log:
+        if isinstance(line.get("key"), str):
+            outcomes[line["key"]].append(str(line.get("outcome")))
+    for gateway, counts in sorted(history.replays.items()):
+        for key, counted in sorted(counts.items()):
+            if any(o.call.gateway in history.killed_gateways for o in keyed.get(key, [])):
+                continue  # a killed gateway's unflushed counts and lines are lost alike
+            replayed = outcomes[key].count("replayed")
+            joined = outcomes[key].count("joined")
+            if not replayed <= counted <= replayed + joined:
+                found.append(
+                    Violation(
+                        STATUS,
+                        f"gateway {gateway}'s status counts {counted} replays, the call logs"
+                        f" {replayed} replayed and {joined} joined answers",
+                        key,
+                    )
+                )
+    return found
 
 
 def _reconcile_violations(history: History) -> list[Violation]:

@@ -24,10 +24,11 @@ class _ConfigExit(click.ClickException):
 @click.option("--seed", type=int, default=None, help="Seed of the first run (default: random).")
 @click.option(
     "--store",
-    type=click.Choice(["sqlite", "redis", "memory"]),
+    type=click.Choice(["sqlite", "redis", "redis-cluster", "memory"]),
     default="sqlite",
     show_default=True,
-    help="The gateways' store (redis needs redis-server on PATH).",
+    help="The gateways' store (redis needs redis-server on PATH; redis-cluster, three"
+    " masters, redis-cli too).",
 )
 @click.option("--gateways", type=click.IntRange(1, 3), default=2, show_default=True)
 @click.option(
@@ -83,8 +84,10 @@ def torture_command(
 
     Each run starts a simulator and GATEWAYS gateways on one store, sends a seeded
     mix of keyed and unkeyed calls (whole and streamed, duplicates, clients that
-    leave and resume, upstream errors and deaths, several wire profiles) while
-    gateways are killed, stopped and restarted and the store stalls. A failing
+    leave and resume, SDK-style retries, large whole answers, upstream errors and
+    deaths, several wire profiles, calls that outlive a short --ttl) while
+    gateways are killed, stopped and restarted, their disk fills, and the store
+    stalls. A failing
     run prints its seed, the broken invariants and a shrunk schedule; exit 1.
     """
     from payonce.torture.runner import run, shrink  # the processes' code only when run

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ from payonce.errors import ConfigError
 
 __all__ = ["Cluster", "Node", "free_port"]
 
-STORES = ("sqlite", "redis", "memory")
+STORES = ("sqlite", "redis", "redis-cluster", "memory")
 
 
 def free_port() -> int:
@@ -32,6 +33,27 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _redis_command(port: int, *args: str) -> bytes:
+    """One command to a Redis on ``port`` (RESP), its raw reply."""
+    message = b"*%d\r\n" % len(args) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(arg.encode()), arg.encode()) for arg in args
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
+        connection.sendall(message)
+        return connection.recv(65536)
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 < 65536:
+            with contextlib.suppress(OSError), socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 10000))
+                return port
+    raise RuntimeError("no free port with a free cluster bus port")
 
 
 def _wait_ready(
@@ -139,9 +161,11 @@ class Cluster:
         store: str,
         gateways: int,
         lease: float,
+        ttl: float | None = None,
         gateway_src: Path | None = None,
     ) -> None:
-        """``gateway_src``: run the gateways from that checkout's ``src`` (an older
+        """``ttl``: the gateways' ``--ttl`` (``None``: their default).
+        ``gateway_src``: run the gateways from that checkout's ``src`` (an older
         payonce, to see the checker find what it got wrong); the simulator and
         the checker stay this one."""
         if store not in STORES:
@@ -161,20 +185,26 @@ class Cluster:
             folder,
             "/_sim/health",
         )  # fmt: skip
-        self.redis: Node | None = None
-        if store == "redis":
+        # The store's own processes: one redis-server, or Redis Cluster's three masters.
+        self.redis_nodes: list[Node] = []
+        if store in ("redis", "redis-cluster"):
             server = shutil.which("redis-server")
-            if server is None:
-                raise ConfigError("--store redis: redis-server is not on PATH")
-            redis_port = free_port()
-            self.redis = Node(
-                "redis",
-                [server, "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-                redis_port,
-                folder,
-                "",
-            )
-            self.store_url = f"redis://127.0.0.1:{redis_port}/0?timeout=0.5"
+            if server is None or (store == "redis-cluster" and not shutil.which("redis-cli")):
+                raise ConfigError(f"--store {store}: redis-server and redis-cli must be on PATH")
+            for number in range(3 if store == "redis-cluster" else 1):
+                redis_port = _free_cluster_port() if store == "redis-cluster" else free_port()
+                args = [server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--dir", str(folder)]  # fmt: skip
+                if store == "redis-cluster":
+                    # A node stopped for seconds is not failed over (no replicas anyway).
+                    args += ["--cluster-enabled", "yes", "--cluster-node-timeout", "15000",
+                             "--cluster-config-file", f"nodes-{redis_port}.conf"]  # fmt: skip
+                self.redis_nodes.append(Node(f"redis{number}", args, redis_port, folder, ""))
+            first = self.redis_nodes[0].port
+            if store == "redis":
+                self.store_url = f"redis://127.0.0.1:{first}/0?timeout=0.5"
+            else:
+                self.store_url = f"redis+cluster://127.0.0.1:{first}?timeout=0.5"
         elif store == "sqlite":
             self.store_url = f"sqlite:///{folder / 'payonce.db'}"
         else:
@@ -191,7 +221,8 @@ class Cluster:
                     [*python, "serve", "--upstream", self.sim.url, "--port",
                      str(port), "--store", self.store_url, "--lease", f"{lease:g}s",
                      "--call-log", str(folder / f"calls{number}.jsonl"), "--no-otel",
-                     "--wait-timeout", "60s", "--upstream-timeout", "30s"],
+                     "--wait-timeout", "60s", "--upstream-timeout", "30s",
+                     *(["--ttl", f"{ttl:g}s"] if ttl is not None else [])],
                     port,
                     folder,
                     "/_payonce/health",
@@ -203,15 +234,14 @@ class Cluster:
         """What names the store to someone who reads it: its address, or its file's name."""
         if self.store_url.startswith("sqlite:///"):
             return (Path(self.store_url.removeprefix("sqlite:///")).name,)
-        if self.store_url.startswith("redis://"):
-            address = self.store_url.removeprefix("redis://").split("/", 1)[0]
-            return (address,)
-        return ()
+        return tuple(f"127.0.0.1:{node.port}" for node in self.redis_nodes)
 
     def start(self) -> None:
-        """Start the store's process, the simulator, then the gateways."""
-        if self.redis is not None:
-            self._start_redis(self.redis)
+        """Start the store's processes, the simulator, then the gateways."""
+        for node in self.redis_nodes:
+            self._start_redis(node)
+        if self.kind == "redis-cluster":
+            self._join_cluster()
         self.sim.start()
         for gateway in self.gateways:
             gateway.start()
@@ -233,9 +263,27 @@ class Cluster:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on {node.port} did not answer (log: {node.log})")
 
-    def hold_store(self, seconds: float) -> subprocess.Popen[bytes] | None:
+    def _join_cluster(self) -> None:
+        """Make the three masters one Redis Cluster, every slot covered, and wait for it."""
+        cli = shutil.which("redis-cli") or "redis-cli"
+        create = [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.redis_nodes)]
+        create += ["--cluster-replicas", "0", "--cluster-yes"]
+        done = subprocess.run(create, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{done.stdout}{done.stderr}")
+        deadline = time.monotonic() + 30
+        while not all(
+            b"cluster_state:ok" in _redis_command(node.port, "CLUSTER", "INFO")
+            for node in self.redis_nodes
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("Redis Cluster did not reach cluster_state:ok in 30 s")
+            time.sleep(0.05)
+
+    def hold_store(self, seconds: float, target: int = 0) -> subprocess.Popen[bytes] | None:
         """Hold the store still for ``seconds``: SQLite's write lock in another process,
-        or Redis stopped. Returns the lock holder (SQLite), which ends by itself."""
+        Redis stopped, or node ``target`` of Redis Cluster stopped. Returns the lock
+        holder (SQLite), which ends by itself."""
         if self.kind == "sqlite":
             database = self.store_url.removeprefix("sqlite:///")
             script = (
@@ -246,18 +294,40 @@ class Cluster:
                 "c.execute('COMMIT')\n"
             )
             return subprocess.Popen([sys.executable, "-c", script, database, str(seconds)])
-        if self.redis is not None:
-            self.redis.signal(signal.SIGSTOP)
+        if self.redis_nodes:
+            self.redis_nodes[target % len(self.redis_nodes)].signal(signal.SIGSTOP)
         return None
 
     def release_store(self) -> None:
-        if self.redis is not None:
-            self.redis.signal(signal.SIGCONT)
+        for node in self.redis_nodes:
+            if node.stopped:
+                node.signal(signal.SIGCONT)
+
+    def fill_disk(self, target: int) -> None:
+        """Gateway ``target``'s disk is full: no file it writes may grow past its call
+        log's size now (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write fails with
+        EFBIG as it would with ENOSPC). SQLite's files past that size fail too."""
+        gateway = self.gateways[target]
+        if gateway.process is None or gateway.process.poll() is not None:
+            return
+        call_log = self.folder / f"calls{target}.jsonl"
+        size = call_log.stat().st_size if call_log.exists() else 0
+        _, hard = resource.prlimit(gateway.process.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(gateway.process.pid, resource.RLIMIT_FSIZE, (size, hard))
+
+    def free_disk(self, target: int) -> None:
+        """Gateway ``target``'s disk has room again."""
+        gateway = self.gateways[target]
+        if gateway.process is None or gateway.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            _, hard = resource.prlimit(gateway.process.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(gateway.process.pid, resource.RLIMIT_FSIZE, (hard, hard))
 
     def stop(self) -> None:
         """Stop everything (gateways first, so they flush their call logs)."""
         for gateway in self.gateways:
             gateway.stop()
         self.sim.stop()
-        if self.redis is not None:
-            self.redis.stop()
+        for node in self.redis_nodes:
+            node.stop()

@@ -20,7 +20,7 @@ import orjson
 
 from payonce.torture.plan import PROMPTS, Call, Plan
 
-__all__ = ["Observation", "body_of", "complete_events_end", "headers_of", "run_calls"]
+__all__ = ["PATHS", "Observation", "body_of", "complete_events_end", "headers_of", "run_calls"]
 
 CREDENTIAL = "sk-torture-tenant"
 _READ_TIMEOUT = 90.0
@@ -34,10 +34,12 @@ class Observation:
 
     call: Call
     started: float = 0.0  # seconds after the run started
+    sent_at: float = 0.0  # when it was sent, wall clock (the ledger's clock)
     ended: float = 0.0
     status: int | None = None  # None: no response at all (refused, reset, timed out)
     replayed: str | None = None  # idempotent-replayed
     request_id: str | None = None  # x-payonce-request-id: its call-log line
+    upstream_id: str | None = None  # x-request-id: the generation, where the body has no id
     body: bytes = b""
     clean: bool = False  # the body ended as its framing says (last chunk, length, close)
     left: bool = False  # the client hung up on purpose before the end
@@ -61,6 +63,16 @@ def body_of(call: Call) -> bytes:
     """The request body of ``call`` (every call of a key sends the same, but a mismatch)."""
     prompt = PROMPTS[call.prompt] + (" (a different question)" if call.mismatch else "")
     user = call.key or f"unkeyed-{call.number}"
+    if call.api == "embeddings":
+        # Base64 vectors of 1536 floats: 8 KiB each, so the answer is large and whole.
+        return orjson.dumps(
+            {
+                "model": "text-embedding-3-small",
+                "input": [f"{prompt} ({number})" for number in range(call.inputs)],
+                "encoding_format": "base64",
+                "user": user,
+            }
+        )
     if call.api == "messages":
         document: dict[str, Any] = {
             "model": "claude-sonnet-4-0",
@@ -87,6 +99,8 @@ def headers_of(call: Call, last_event_id: str | None = None) -> dict[str, str]:
         headers["anthropic-version"] = "2023-06-01"
     if call.key is not None:
         headers["Idempotency-Key"] = call.key
+    # As the Stainless SDKs (openai, anthropic) send on every attempt.
+    headers["x-stainless-retry-count"] = str(call.retry)
     headers["X-Sim-Delay-Ms"] = str(call.delay_ms)
     if call.stream:
         headers["X-Sim-Token-Ms"] = str(call.token_ms)
@@ -100,8 +114,11 @@ def headers_of(call: Call, last_event_id: str | None = None) -> dict[str, str]:
     return headers
 
 
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}
+
+
 def _send(url_port: int, call: Call, observation: Observation, resume_from: str | None) -> None:
-    path = "/v1/messages" if call.api == "messages" else "/v1/chat/completions"
+    path = PATHS[call.api]
     connection = http.client.HTTPConnection("127.0.0.1", url_port, timeout=_READ_TIMEOUT)
     try:
         connection.request("POST", path, body_of(call), headers_of(call, resume_from))
@@ -111,6 +128,7 @@ def _send(url_port: int, call: Call, observation: Observation, resume_from: str 
         observation.status = response.status
         observation.replayed = response.getheader("idempotent-replayed")
         observation.request_id = response.getheader("x-payonce-request-id")
+        observation.upstream_id = response.getheader("x-request-id")
         body = bytearray()
         events = 0
         while True:
@@ -169,6 +187,7 @@ def run_calls(
                 observation.error = "run stopped"
                 return
             observation.started = time.monotonic() - started
+            observation.sent_at = time.time()
             _send(ports[call.gateway], call, observation, resume_from)
             observation.ended = time.monotonic() - started
         finally:

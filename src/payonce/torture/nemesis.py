@@ -32,8 +32,13 @@ class Played:
 
 
 def _play(cluster: Cluster, fault: Fault) -> None:
+    if fault.kind == "disk":
+        cluster.fill_disk(fault.target)
+        time.sleep(fault.seconds)
+        cluster.free_disk(fault.target)
+        return
     if fault.kind == "stall":
-        holder: subprocess.Popen[bytes] | None = cluster.hold_store(fault.seconds)
+        holder: subprocess.Popen[bytes] | None = cluster.hold_store(fault.seconds, fault.target)
         if holder is not None:
             holder.wait()
         else:

@@ -38,10 +38,14 @@ class Call:
     """One client request.
 
     ``key`` is ``None`` for an unkeyed call. All calls of one key send the same
-    body (``api``, ``stream``, ``prompt``), except a ``mismatch``, which changes
-    the prompt and must be refused. ``leave_after`` is how many events (streams)
-    the client reads before it hangs up, or, for whole answers, seconds it waits
-    (``None``: it reads to the end). ``resume`` sends the last event id the
+    body (``api``, ``stream``, ``prompt``, ``inputs``), except a ``mismatch``,
+    which changes the prompt and must be refused. ``api`` is ``chat``,
+    ``messages`` or ``embeddings`` (always whole: ``inputs`` base64 vectors of
+    8 KiB each, a large whole answer). ``retry`` is the attempt's number as the
+    Stainless SDKs count it in ``x-stainless-retry-count`` (0: a first attempt).
+    ``leave_after`` is how many events (streams) the client reads before it
+    hangs up, or, for whole answers, seconds it waits (``None``: it reads to the
+    end). ``resume`` sends the last event id the
     client of ``resume_of`` received, as a reconnecting SSE client does.
     The upstream side: ``die_after`` events (the provider crashes), ``fail`` an
     error status before any work, ``delay_ms`` to the first token, ``token_ms``
@@ -52,7 +56,7 @@ class Call:
     at: float  # seconds after the run starts
     gateway: int
     key: str | None
-    api: str = "chat"  # or "messages"
+    api: str = "chat"  # or "messages", "embeddings"
     stream: bool = False
     prompt: int = 0
     mismatch: bool = False
@@ -63,6 +67,8 @@ class Call:
     delay_ms: int = 0
     token_ms: int = 0
     wire: str = "openai"
+    inputs: int = 0
+    retry: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +78,10 @@ class Fault:
     ``kill`` (SIGKILL, restarted after ``seconds``), ``stop`` (SIGSTOP, SIGCONT
     after ``seconds``) and ``term`` (SIGTERM, restarted after ``seconds``) act on
     gateway ``target``; ``stall`` holds the store still for ``seconds`` (SQLite:
-    another process holds its write lock; Redis: SIGSTOP).
+    another process holds its write lock; Redis: SIGSTOP; Redis Cluster: SIGSTOP
+    of node ``target``); ``disk`` fills gateway ``target``'s disk for ``seconds``
+    (no file it writes may grow: its call log, and SQLite's database when the
+    store is SQLite, as on one full disk).
     """
 
     number: int
@@ -84,7 +93,11 @@ class Fault:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A whole run: its seed, its calls and faults, and how it is set up."""
+    """A whole run: its seed, its calls and faults, and how it is set up.
+
+    ``ttl`` is the gateways' ``--ttl`` when the run tries calls that outlive it
+    (``None``: the default day).
+    """
 
     seed: int
     store: str
@@ -92,6 +105,7 @@ class Plan:
     lease: float
     calls: tuple[Call, ...]
     faults: tuple[Fault, ...] = field(default=())
+    ttl: float | None = None
 
     @property
     def duration(self) -> float:
@@ -118,13 +132,18 @@ def generate(seed: int, *, seconds: float, store: str, gateways: int, lease: flo
     number = 0
     at = 0.0
     business = 0
+    # One run in four keeps records for seconds only, and some of its calls take
+    # longer than that: a record must not expire under a call still running.
+    ttl = max(lease, rng.choice((3.0, 4.0))) if rng.random() < 0.25 else None
+    delays = (0, 0, 50, 300, 1500) if ttl is None else (0, 50, 300, int(ttl * 1000) + 1500)
     while at < seconds:
         at += rng.expovariate(8.0)  # about 8 business requests a second
         business += 1
         keyed = rng.random() < 0.85
         key = f"t{seed}-{business}" if keyed else None
-        api = "messages" if rng.random() < 0.15 else "chat"
-        stream = rng.random() < 0.6
+        kind = rng.random()
+        api = "messages" if kind < 0.15 else "embeddings" if kind < 0.2 else "chat"
+        stream = api != "embeddings" and rng.random() < 0.6
         wire = rng.choice(WIRES) if stream else "openai"
         if api == "messages" and stream:
             wire = rng.choice(("anthropic", "anthropic,crlf"))
@@ -138,9 +157,10 @@ def generate(seed: int, *, seconds: float, store: str, gateways: int, lease: flo
             api=api,
             stream=stream,
             prompt=rng.randrange(len(PROMPTS)),
-            delay_ms=rng.choice((0, 0, 50, 300, 1500)),
+            delay_ms=rng.choice(delays),
             token_ms=rng.choice((0, 5, 20)) if stream else 0,
             wire=wire,
+            inputs=rng.randrange(20, 200) if api == "embeddings" else 0,
         )
         upstream = rng.random()
         if upstream < 0.08 and stream:
@@ -150,7 +170,9 @@ def generate(seed: int, *, seconds: float, store: str, gateways: int, lease: flo
         attempts = 1 if key is None else rng.choice((1, 2, 2, 3, 4))
         when = at
         for attempt in range(attempts):
-            call = replace(base, number=number, at=when, gateway=rng.randrange(gateways))
+            call = replace(
+                base, number=number, at=when, gateway=rng.randrange(gateways), retry=attempt
+            )
             if attempt > 0:
                 # A retry: the upstream behaves this time, unless drawn again.
                 call = replace(call, die_after=None, fail=None)
@@ -180,7 +202,7 @@ def generate(seed: int, *, seconds: float, store: str, gateways: int, lease: flo
             number += 1
     faults = _faults(rng, seconds, store, gateways)
     calls.sort(key=lambda call: call.at)
-    return Plan(seed, store, gateways, lease, tuple(calls), faults)
+    return Plan(seed, store, gateways, lease, tuple(calls), faults, ttl)
 
 
 def _faults(rng: random.Random, seconds: float, store: str, gateways: int) -> tuple[Fault, ...]:
@@ -191,11 +213,14 @@ def _faults(rng: random.Random, seconds: float, store: str, gateways: int) -> tu
         kinds += ["kill", "stop", "term"]
     else:
         kinds += ["stop"]
+    kinds.append("disk")
     while kinds and at < seconds:
         kind = rng.choice(kinds)
-        length = {"kill": 1.5, "term": 1.0, "stop": 2.5, "stall": 2.0}[kind]
+        length = {"kill": 1.5, "term": 1.0, "stop": 2.5, "stall": 2.0, "disk": 4.0}[kind]
+        # A stall of Redis Cluster stops one of its three nodes.
+        targets = 3 if kind == "stall" and store == "redis-cluster" else gateways
         faults.append(
-            Fault(len(faults), at, kind, rng.uniform(0.2, length), rng.randrange(gateways))
+            Fault(len(faults), at, kind, rng.uniform(0.2, length), rng.randrange(targets))
         )
         at += rng.uniform(2.0, 6.0)
     return tuple(faults)

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from payonce.torture.checks import History, Violation, check, read_answer
 from payonce.torture.cluster import Cluster
-from payonce.torture.driver import CREDENTIAL, body_of, headers_of, run_calls
+from payonce.torture.driver import CREDENTIAL, PATHS, body_of, headers_of, run_calls
 from payonce.torture.nemesis import play_faults
 from payonce.torture.plan import PROMPTS, Call, Plan
 
@@ -68,10 +68,10 @@ def _expected(cluster: Cluster) -> dict[tuple[str, int], str]:
     """The text each (api, prompt) gets from the simulator, asked directly."""
     texts: dict[tuple[str, int], str] = {}
     port = cluster.sim.port
-    for api in ("chat", "messages"):
+    for api in ("chat", "messages"):  # embeddings: checked by their count
         for prompt in range(len(PROMPTS)):
             call = Call(number=-1, at=0, gateway=0, key=None, api=api, prompt=prompt)
-            path = "/v1/messages" if api == "messages" else "/v1/chat/completions"
+            path = PATHS[api]
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             try:
                 connection.request("POST", path, body_of(call), headers_of(call))
@@ -110,6 +110,24 @@ def _statuses(cluster: Cluster, keys: set[str], lease: float) -> dict[str, dict[
             break
         time.sleep(0.25)
     return statuses
+
+
+def _replays(cluster: Cluster, keys: set[str]) -> dict[int, dict[str, int]]:
+    """Each key's ``replays`` as each gateway's status says, once every gateway has
+    written its counts (once a second) to the store. A gateway adds the counts it
+    has not written yet: asking every one shows counts that never reach the store."""
+    time.sleep(1.5)
+    auth = {"Authorization": f"Bearer {CREDENTIAL}"}
+    views: dict[int, dict[str, int]] = {}
+    for number, gateway in enumerate(cluster.gateways):
+        counts = views[number] = {}
+        for key in sorted(keys):
+            path = f"/_payonce/requests/{urllib.parse.quote(key)}"
+            status, body = _get(gateway.port, path, auth)
+            document = orjson.loads(body) if status == 200 and body else {}
+            if isinstance(document, dict) and isinstance(document.get("replays"), int):
+                counts[key] = document["replays"]
+    return views
 
 
 def _request_metrics(port: int) -> dict[tuple[str, str], float]:
@@ -187,6 +205,7 @@ def run(plan: Plan, *, keep: Path | None = None, gateway_src: Path | None = None
         store=plan.store,
         gateways=plan.gateways,
         lease=plan.lease,
+        ttl=plan.ttl,
         gateway_src=gateway_src,
     )
     try:
@@ -210,6 +229,7 @@ def run(plan: Plan, *, keep: Path | None = None, gateway_src: Path | None = None
         ledger = orjson.loads(ledger_body).get("entries", [])
         killed = frozenset(i for i, g in enumerate(cluster.gateways) if g.killed)
         metrics = _settled_metrics(cluster)
+        replays = _replays(cluster, keys)
     finally:
         cluster.stop()  # its call logs are written whole at shutdown
     history = History(
@@ -226,6 +246,9 @@ def run(plan: Plan, *, keep: Path | None = None, gateway_src: Path | None = None
     )
     history.reconciled = _reconcile(folder, cluster.ledger)
     history.store_marks = cluster.store_marks()
+    history.store = plan.store
+    history.replays = replays
+    history.ttl = plan.ttl
     violations = check(history, lease=plan.lease)
     _keep_bodies(folder, observations, violations)
     result = RunResult(plan, violations, history.excused, len(observations), len(ledger), folder)
