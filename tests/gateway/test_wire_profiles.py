@@ -2,14 +2,17 @@
 
 The first answer (relayed while recorded) and its replay (from the store), read by
 the official SDKs: the same text as a plain call, the replay the same bytes as the
-first, one bill. Parametrized over ``payonce sim --wire`` profiles and variations
-(docs/sim.md), because every shape the suite never drove hid a defect (issue 29).
+first, one bill; the call log's upstream request id and usage the bill's; a resume
+with ``Last-Event-ID`` the rest of the same run. Parametrized over ``payonce sim
+--wire`` profiles and variations (docs/sim.md), because every shape the suite
+never drove hid a defect (issue 29).
 """
 
 from __future__ import annotations
 
 import http.client
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,7 +22,9 @@ import orjson
 import pytest
 
 from payonce.sim.profiles import PROFILES
-from tests.gateway.conftest import GatewayFactory, Sim
+from tests.gateway.conftest import AUTH, GatewayFactory, Sim
+from tests.support.sse import read_stream
+from tests.support.waiting import wait_until
 
 STREAM: dict[str, Any] = {
     "model": "gpt-4o-mini",
@@ -163,3 +168,48 @@ def test_a_close_delimited_stream_cut_before_its_end_is_broken_not_whole(
     assert again.status_code == 200 and b"\ndata: [DONE]\n" in again.content
     assert again.headers.get("idempotent-replayed", "false") == "false"
     assert fresh_sim.billed() == 1, "the crashed generation was not billed; the retry was"
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_every_profile_keeps_its_usage_and_request_id_and_resumes_one_run(
+    start_gateway: GatewayFactory, fresh_sim: Sim, wire: str, tmp_path: Path
+) -> None:
+    """The call log's request id and usage are the bill's, and a client that left
+    after three events resumes with ``Last-Event-ID`` to the same events a replay has."""
+    calls = tmp_path / "calls.jsonl"
+    gateway = start_gateway("--no-otel", "--call-log", str(calls))
+    key = f"wire-{uuid.uuid4()}"
+    url = gateway.url + "/v1/chat/completions"
+    headers = {**AUTH, "X-Sim-Wire": wire, "X-Sim-Token-Ms": "1", "Idempotency-Key": key}
+    first = read_stream(url, STREAM, headers, stop_after=3)
+    assert first.status == 200
+    status = f"{gateway.url}/_payonce/requests/{key}"
+    wait_until(
+        lambda: httpx.get(status, headers=AUTH).json().get("state") == "completed",
+        "the key's run completed after its client left",
+    )
+    resumed = read_stream(url, STREAM, {**headers, "Last-Event-ID": first.last_event_id})
+    replay = read_stream(url, STREAM, headers)
+    assert resumed.status == replay.status == 200
+    assert not resumed.broken and not replay.broken
+    assert first.events + resumed.events == replay.events, "a resume continues its own run"
+    assert replay.events[-1].data == "[DONE]"
+
+    (entry,) = httpx.get(fresh_sim.url + "/_sim/ledger?entries=1").json()["entries"]
+    wait_until(lambda: len(_lines(calls)) == 3, "three call-log lines")
+    forwarded = [line for line in _lines(calls) if line["outcome"] == "forwarded"]
+    assert [line["upstream_request_id"] for line in forwarded] == [entry["provider_request_id"]], (
+        "the bill's request id, from the header or, without one, the body's id"
+    )
+    usage = (forwarded[0]["input_tokens"], forwarded[0]["output_tokens"])
+    if PROFILES[wire.split(",")[0]].usage:
+        assert usage == (entry["input_tokens"], entry["output_tokens"]), "the bill's tokens"
+    else:  # the server sends no usage chunk: the line says so, and counts nothing
+        assert usage == (None, None)
+        assert forwarded[0]["usage_missing_reason"]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
