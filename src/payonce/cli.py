@@ -318,6 +318,23 @@ def cli() -> None:
     " chunk before relaying), so every stream's cost is known.",
 )
 @click.option(
+    "--match-sdk-retries/--no-match-sdk-retries",
+    envvar=_env("match_sdk_retries"),
+    default=True,
+    show_default=True,
+    help="Answer a retry the openai/anthropic SDKs declare (x-stainless-retry-count >= 1)"
+    " without a key from the run of its first attempt with the same body.",
+)
+@click.option(
+    "--sdk-retry-window",
+    envvar=_env("sdk_retry_window"),
+    type=Duration(),
+    default="10m",
+    show_default=True,
+    help="At most this long an SDK call's answer waits for its retries (the SDK's"
+    " declared read timeout, at least 60s).",
+)
+@click.option(
     "--connect-timeout",
     envvar=_env("connect_timeout"),
     type=Duration(),

@@ -110,6 +110,11 @@ class GatewaySettings:
     on_stream_disconnect: str = "finish"
     # Ask OpenAI-style streams for their usage chunk (and strip it) so cost is known.
     inject_stream_usage: bool = True
+    # Retries an SDK declares (x-stainless-retry-count) answered from their first
+    # attempt's run without a key (gateway/sdk_retries.py), and how long at most an
+    # answer waits for them.
+    match_sdk_retries: bool = True
+    sdk_retry_window: float = 600.0
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     connect_retries: int = 2
@@ -153,6 +158,8 @@ class GatewaySettings:
             raise ConfigError("--ttl: must be at least as long as --lease")
         if self.wait_timeout <= 0:
             raise ConfigError("--wait-timeout: must be positive")
+        if not 1 <= self.sdk_retry_window <= self.ttl:
+            raise ConfigError("--sdk-retry-window: must be between 1s and --ttl")
         if self.connect_timeout <= 0 or self.upstream_timeout <= 0:
             raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
         if not 1024 <= self.max_header_bytes <= 16 * 1024 * 1024:

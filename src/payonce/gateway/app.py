@@ -91,6 +91,7 @@ from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.resume import find_run
 from payonce.gateway.runs import RunTable
+from payonce.gateway.sdk_retries import SdkAttempt, implicit_key, sdk_attempt
 from payonce.gateway.sse import LastEventId, StreamId, not_asked_for_usage, read_last_event_id
 from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
@@ -348,15 +349,24 @@ class Gateway:
                     " x-goog-api-key or a --credential-header) on requests with an"
                     " Idempotency-Key"
                 )
-        if key is not None and self.in_flight is not None:
+        attempt = None
+        if key is None and self.settings.match_sdk_retries and scope["method"] == "POST":
+            attempt = sdk_attempt(headers, self.settings.sdk_retry_window)
+        if (key is not None or attempt is not None) and self.in_flight is not None:
             # A slot of --max-inflight-per-tenant, taken before the body is read.
             record.tenant = record.tenant or self.tenant(headers)
-            answer = functools.partial(self._request, key, scope, receive, send, record)
+            answer = functools.partial(self._request, key, scope, receive, send, record, attempt)
             return await in_a_slot(self.in_flight, record.tenant, answer)
-        return await self._request(key, scope, receive, send, record)
+        return await self._request(key, scope, receive, send, record, attempt)
 
     async def _request(
-        self, key: str | None, scope: Scope, receive: Receive, send: Send, record: CallRecord
+        self,
+        key: str | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        attempt: SdkAttempt | None = None,
     ) -> Execution | None:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         body = await read_body(receive, headers, self.settings.max_body)
@@ -369,18 +379,31 @@ class Gateway:
             body=body,
         )
         record.model = model_of(body)
-        if key is None:
+        if key is None and attempt is not None:
+            record.tenant = record.tenant or self.tenant(headers)
+            if record.tenant == ANONYMOUS:
+                attempt = None  # no credential: nothing says two attempts are one caller's
+        if key is None and attempt is None:
             record.outcome = "passthrough"
             await self.passthrough.forward(request, receive, send, record)
             return None
-        return await self._keyed(key, request, receive, send, record)
+        return await self._keyed(key, request, receive, send, record, attempt)
 
     async def _keyed(
-        self, key: str, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
+        self,
+        key: str | None,
+        request: ProxiedRequest,
+        receive: Receive,
+        send: Send,
+        record: CallRecord,
+        attempt: SdkAttempt | None = None,
     ) -> Execution | None:
         """A keyed request, one claim outcome at a time (the state machine in the
         module docstring). Each handler names what it answered with in ``seen``
-        before it sends; it is observed once, here, however the answer ends."""
+        before it sends; it is observed once, here, however the answer ends.
+
+        Without a key, an SDK's ``attempt`` is keyed by its fingerprint, its record
+        kept for the attempt's window (gateway/sdk_retries.py)."""
         tenant = record.tenant = record.tenant or self.tenant(request.headers)
         print_ = fingerprint(
             request.method,
@@ -388,6 +411,11 @@ class Gateway:
             request.body,
             header(request.headers, b"content-type"),
         )
+        ttl = self.settings.ttl
+        if key is None:
+            assert attempt is not None
+            key, ttl = implicit_key(print_), attempt.window
+            record.sdk_match = "first" if attempt.first else "retry"
         resume = _last_event_id(request.headers)
         if resume is not None:
             # Before the replay cache: a resume is answered from its run or refused,
@@ -395,8 +423,11 @@ class Gateway:
             await self._resume(tenant, key, print_, resume, request, receive, send, record)
             return None
         seen = _Seen()
+        first = attempt is not None and attempt.first
         try:
-            return await self._claimed(tenant, key, print_, request, receive, send, record, seen)
+            return await self._claimed(
+                tenant, key, print_, request, receive, send, record, seen, ttl=ttl, first=first
+            )
         finally:
             if seen.facts is not None:
                 self.observer.apply(record, seen.facts, saved=seen.saved)
@@ -411,9 +442,17 @@ class Gateway:
         send: Send,
         record: CallRecord,
         seen: _Seen,
+        *,
+        ttl: float,
+        first: bool = False,
     ) -> Execution | None:
+        """``first``: an SDK's first attempt, which runs only as its body's first call
+        (else on its own, unrecorded: :meth:`_on_its_own`)."""
         cached = self.replays.get(tenant, key)
         if cached is not None:
+            if first:
+                await self._on_its_own(request, receive, send, record)
+                return None
             if cached.fingerprint != print_:
                 raise _mismatch(key)
             self.replay_counts.add(tenant, key)
@@ -426,20 +465,24 @@ class Gateway:
         while True:
             local = self.running.get(tenant, key)
             if local is not None:
+                if first:
+                    await self._on_its_own(request, receive, send, record)
+                    return None
                 await self._join_here(local, print_, deadline, receive, send, record, seen)
                 return None
             if self.new_keys is not None and not self.new_keys.allows(tenant):
                 await refuse_new_key(self.new_keys, self.store, tenant, key)
             try:
-                claim = await self.store.claim(
-                    tenant, key, print_, lease=settings.lease, ttl=settings.ttl
-                )
+                claim = await self.store.claim(tenant, key, print_, lease=settings.lease, ttl=ttl)
             except StorageError as exc:
                 await self.passthrough.forward_unprotected(request, receive, send, record, exc)
                 return None
             status, stored = claim.status, claim.record
             if status is ClaimStatus.ACQUIRED:
-                return await self._acquired(stored, request, receive, send, record, seen)
+                return await self._acquired(stored, request, receive, send, record, seen, ttl)
+            if first:
+                await self._on_its_own(request, receive, send, record)
+                return None
             if status is ClaimStatus.MISMATCH:
                 raise _mismatch(key)
             if stored.streaming:
@@ -491,18 +534,29 @@ class Gateway:
         send: Send,
         record: CallRecord,
         seen: _Seen,
+        ttl: float,
     ) -> Execution:
         """This request won the key: run it upstream, and answer from the run."""
         if self.new_keys is not None:
             self.new_keys.spend(claimed.tenant)
         record.outcome = "forwarded"
-        execution = self._execute(claimed, request)
+        execution = self._execute(claimed, request, ttl)
         if self.observer.tracing is not None:
             self.observer.tracing.start_upstream(execution.facts, record)
         seen.facts, seen.saved = execution.facts, False
         head = await asyncio.shield(execution.head)
         await self._answer(send, receive, head, _NOT_REPLAYED, 0, execution, execution.facts)
         return execution
+
+    async def _on_its_own(
+        self, request: ProxiedRequest, receive: Receive, send: Send, record: CallRecord
+    ) -> None:
+        """An SDK's first attempt while another call with its body runs or was just
+        answered: a business request of its own, forwarded unrecorded (its retries
+        will meet the other call's record: docs/gateway.md, "SDK retries without a key")."""
+        record.sdk_match = "on_its_own"
+        record.outcome = "passthrough"
+        await self.passthrough.forward(request, receive, send, record)
 
     async def _completed(self, stored: Record, send: Send, record: CallRecord, seen: _Seen) -> None:
         """The key has its whole answer in the store: replay it (and keep it cached)."""
@@ -642,13 +696,13 @@ class Gateway:
                 retry_after=max(1.0, math.ceil(self.settings.lease / 3)),
             ) from None
 
-    def _execute(self, claimed: Record, request: ProxiedRequest) -> Execution:
+    def _execute(self, claimed: Record, request: ProxiedRequest, ttl: float) -> Execution:
         lease = Lease.of(
             self.store,
             claimed,
             clock=self.clock,
             duration=self.settings.lease,
-            ttl=self.settings.ttl,
+            ttl=ttl,
             pending=self.pending,
         )
         execution = Execution(lease, claimed.fingerprint)

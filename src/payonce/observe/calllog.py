@@ -87,6 +87,10 @@ class CallRecord:
     upstream_request_id: str | None = None
     upstream_attempts: int = 0
     client_retry: int | None = None
+    # An SDK attempt without a key (gateway/sdk_retries.py): "first" (recorded for its
+    # retries), "on_its_own" (a first attempt another call's record was busy for) or
+    # "retry" (answered through its first attempt's record); None otherwise.
+    sdk_match: str | None = None
     usage: dict[str, int] | None = None
     # Why ``usage`` is null although an upstream call was made or replayed.
     usage_missing_reason: str | None = None
@@ -109,7 +113,7 @@ class CallRecord:
 
     @property
     def unprotected_retry(self) -> bool:
-        return self.key is None and (self.client_retry or 0) > 0
+        return self.key is None and (self.client_retry or 0) > 0 and self.sdk_match is None
 
     def line(self, finished: float, now: float) -> bytes:
         """The call log line of this request: one JSON object and a newline (docs/call-log.md).
@@ -146,6 +150,7 @@ class CallRecord:
                 "upstream_cancelled": self.upstream_cancelled,
                 "client_retry": self.client_retry,
                 "unprotected_retry": self.unprotected_retry,
+                "sdk_match": self.sdk_match,
                 "store_bypassed": self.store_bypassed,
                 "not_stored": self.not_stored,
                 "input_tokens": input_tokens,

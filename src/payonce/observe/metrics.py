@@ -151,6 +151,12 @@ class Metrics:
             "SDK retries (x-stainless-retry-count > 0) that carried no idempotency key.",
             registry=registry,
         )
+        self.sdk_retries_matched = Counter(
+            "payonce_sdk_retries_matched",
+            "SDK retries without a key (x-stainless-retry-count > 0) answered from the run"
+            " of an earlier attempt with the same body: joined or replayed, never billed.",
+            registry=registry,
+        )
         self.store_errors = Counter(
             "payonce_store_errors",
             "Requests that failed because the idempotency store could not answer.",
@@ -447,6 +453,8 @@ class Metrics:
         answered[key] = answered.get(key, 0) + 1
         if record.unprotected_retry:
             self.deferred.add(self.unprotected_retries)
+        elif record.sdk_match == "retry" and (outcome == "joined" or outcome == "replayed"):
+            self.deferred.add(self.sdk_retries_matched)
         latency = record.upstream_latency
         if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
             overhead = finished - record.started - latency
@@ -466,6 +474,8 @@ class Metrics:
             view[index] += 1.0
         if record.unprotected_retry:
             self.deferred.add(self.unprotected_retries)
+        elif record.sdk_match == "retry" and (outcome == "joined" or outcome == "replayed"):
+            self.deferred.add(self.sdk_retries_matched)
         latency = record.upstream_latency
         if latency is not None and (outcome == "forwarded" or outcome == "passthrough"):
             overhead = finished - record.started - latency

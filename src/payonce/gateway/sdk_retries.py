@@ -1,0 +1,80 @@
+"""SDK retries matched without a key: the attempt counter the Stainless SDKs send.
+
+The openai and anthropic SDKs, and every SDK Stainless generates for Python and
+Node, send ``x-stainless-retry-count`` on every attempt of a call: ``0`` on the
+first, ``1``, ``2``… on its retries, which send the same body. A retry thus
+declares itself a copy of an earlier attempt, and the gateway can answer it from
+that attempt's run without any key (docs/gateway.md, "SDK retries without a key"):
+
+* a first attempt (``0``) takes the record of its body (tenant, method, path,
+  canonical body: the fingerprint) when nothing holds it, and runs as a keyed
+  call (kept running if its client leaves, its answer stored); when another call
+  with that body is running or answered within the window, it runs on its own,
+  unrecorded: two first attempts are two business requests, never merged;
+* a retry (``1`` or more) joins the running call with its body, replays its
+  answer when it completed within the window, or runs and records it.
+
+The window is how long an answer waits for retries: the read timeout the SDK
+declares (``x-stainless-read-timeout``, 600 s by default in openai-python), at
+least :data:`MIN_WINDOW` (the SDKs wait at most 8 s between attempts, or a
+``Retry-After`` of up to 60 s), at most ``--sdk-retry-window``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from payonce.gateway.request import header
+
+__all__ = ["KEY_PREFIX", "MIN_WINDOW", "SdkAttempt", "implicit_key", "sdk_attempt"]
+
+RETRY_COUNT = b"x-stainless-retry-count"
+READ_TIMEOUT = b"x-stainless-read-timeout"
+# Records of SDK attempts live beside keyed ones, under their fingerprint. A
+# client that sent such a key itself would meet only its own tenant's records of
+# the same body, which a retry of its own would get anyway.
+KEY_PREFIX = "sdk-attempt:"
+MIN_WINDOW = 60.0
+# More retries than any SDK makes: a larger count is not an SDK's.
+_MAX_COUNT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class SdkAttempt:
+    """One attempt of an SDK call: its number and how long its answer waits for retries."""
+
+    number: int
+    window: float
+
+    @property
+    def first(self) -> bool:
+        return self.number == 0
+
+
+def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAttempt | None:
+    """The attempt ``headers`` declare, or ``None`` when they declare none (or nonsense)."""
+    raw = header(headers, RETRY_COUNT)
+    if raw is None:
+        return None
+    try:
+        number = int(raw)
+    except ValueError:
+        return None
+    if not 0 <= number <= _MAX_COUNT:
+        return None
+    window = MIN_WINDOW
+    declared = header(headers, READ_TIMEOUT)
+    if declared is not None:
+        try:
+            seconds = float(declared)
+        except ValueError:
+            seconds = 0.0
+        if math.isfinite(seconds) and seconds > window:
+            window = seconds
+    return SdkAttempt(number, min(window, max_window))
+
+
+def implicit_key(fingerprint: str) -> str:
+    """The record key of every attempt with this fingerprint."""
+    return KEY_PREFIX + fingerprint
