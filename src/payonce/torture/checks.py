@@ -375,6 +375,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
         bills[str(entry.get("user", ""))].append(entry)
     keyed = _by_key(history.observations)
     excused: set[str] = set()  # keys a fault let run twice: two answers may differ
+    renewed: set[str] = set()  # keys whose record expired and began again
     by_number = {o.call.number: o for o in history.observations}
 
     # billed-once: at most one generation per key, unless a fault explains the second.
@@ -383,6 +384,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
         lives = _lives(observations, bills.get(key, []), history.ttl)
         if lives > 1:
             excused.add(key)  # answers of two lives differ, as they should
+            renewed.add(key)
         if count <= lives:
             continue
         start, end = _window(observations)
@@ -493,7 +495,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # status-tells-the-truth: the replays a key's status counts are the answers its
     # record served (call-log lines "replayed"; "joined" ones too when they followed
     # another gateway's recording, which the line does not tell from an in-process join).
-    violations.extend(_status_violations(history, keyed))
+    violations.extend(_status_violations(history, keyed, renewed))
 
     # call-log-tells-the-truth: one line per answered request, with the status seen.
     lines: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -568,7 +570,11 @@ def check(history: History, *, lease: float) -> list[Violation]:
     return violations
 
 
-def _status_violations(history: History, keyed: Mapping[str, list[Observation]]) -> list[Violation]:
+def _status_violations(
+    history: History, keyed: Mapping[str, list[Observation]], renewed: set[str]
+) -> list[Violation]:
+    """Each gateway's status ``replays`` against the call logs, for keys whose record
+    lived once (a new life starts from 0, while the call log holds both)."""
     found: list[Violation] = []
     outcomes: dict[str, list[str]] = defaultdict(list)
     for line in history.call_log:
@@ -576,6 +582,8 @@ def _status_violations(history: History, keyed: Mapping[str, list[Observation]])
             outcomes[line["key"]].append(str(line.get("outcome")))
     for gateway, counts in sorted(history.replays.items()):
         for key, counted in sorted(counts.items()):
+            if key in renewed:
+                continue
             if any(o.call.gateway in history.killed_gateways for o in keyed.get(key, [])):
                 continue  # a killed gateway's unflushed counts and lines are lost alike
             replayed = outcomes[key].count("replayed")
