@@ -337,3 +337,15 @@ def test_a_record_that_began_again_counts_its_own_replays_only() -> None:
         line.update(key="k", outcome=outcome)
     history.replays = {0: {"k": 0}}  # the new record has served no replay yet
     assert _names(history) == set()
+
+
+def test_a_call_held_up_by_a_stopped_gateway_may_arrive_after_the_record_expired() -> None:
+    # Sent 0.2 s before the record expired, to a gateway stopped for 1 s then.
+    first, retry = _seen(0, _stream("g1")), _seen(1, _stream("g2"))
+    first.sent_at, retry.sent_at = 1000.0, 1003.8
+    retry.started = 3.8
+    history = _history([first, retry], [], ledger=[_billed("g1", 1001), _billed("g2", 1005)])
+    history.ttl = 3.0
+    assert _names(history) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}
+    history.played = [Played(Fault(0, 3.5, "stop", 1.0, target=0), 3.5, 4.5)]
+    assert _names(history) == set()

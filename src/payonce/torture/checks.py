@@ -307,26 +307,45 @@ def _stamp(text: object) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _lives(observations: list[Observation], bills: list[dict[str, Any]], ttl: float | None) -> int:
+def _arrival(observation: Observation, played: list[Played]) -> float:
+    """The latest moment (wall clock) the gateway may have seen ``observation``'s
+    request: when it was sent, or, if its gateway was stopped or the store held
+    still then, when that fault ended (the request waited in a socket or a queue)."""
+    arrival = observation.sent_at
+    for fault in played:
+        kind, target = fault.fault.kind, fault.fault.target
+        holds = kind in ("stall", "disk") or (kind == "stop" and target == observation.call.gateway)
+        if holds and fault.started <= observation.started <= fault.ended:
+            arrival = max(arrival, observation.sent_at + fault.ended - observation.started)
+    return arrival
+
+
+def _lives(
+    observations: list[Observation],
+    bills: list[dict[str, Any]],
+    ttl: float | None,
+    played: list[Played],
+) -> int:
     """How many generations a key may have been billed: one per life of its record.
 
-    A record lives ``ttl`` after its answer was stored; a call sent after that
-    starts a new business request, as documented. An answer is stored after the
-    upstream finished it, which is when the ledger billed it, so a call sent
-    more than ``ttl`` after that bill may have found the record gone (an upper
-    bound: the answer is stored a moment after the bill). A record that expires
-    while its call still runs is the defect this guards against (a second bill
-    during the first call): it gets no new life.
+    A record lives ``ttl`` after its answer was stored; a call that reaches the
+    gateway after that starts a new business request, as documented. An answer
+    is stored after the upstream finished it, which is when the ledger billed it,
+    so a call that arrived more than ``ttl`` after that bill may have found the
+    record gone (an upper bound: the answer is stored a moment after the bill,
+    and a call may arrive late: :func:`_arrival`). A record that expires while
+    its call still runs is the defect this guards against (a second bill during
+    the first call): it gets no new life.
     """
     if ttl is None or not bills:
         return 1
     finished = sorted(_stamp(entry.get("finished_at")) for entry in bills)
     lives = 1
     expires = finished[0] + ttl
-    for sent in sorted(o.sent_at for o in observations if o.sent_at):
-        if sent > expires:
+    for arrived in sorted(_arrival(o, played) for o in observations if o.sent_at):
+        if arrived > expires:
             lives += 1
-            later = [moment for moment in finished if moment > sent]
+            later = [moment for moment in finished if moment > arrived]
             if not later:
                 break
             expires = later[0] + ttl
@@ -381,7 +400,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # billed-once: at most one generation per key, unless a fault explains the second.
     for key, observations in keyed.items():
         count = len(bills.get(key, []))
-        lives = _lives(observations, bills.get(key, []), history.ttl)
+        lives = _lives(observations, bills.get(key, []), history.ttl, history.played)
         if lives > 1:
             excused.add(key)  # answers of two lives differ, as they should
             renewed.add(key)
@@ -413,7 +432,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
         call = observation.call
         if call.mismatch:
             if history.ttl is not None and _expired(
-                observation.sent_at, bills.get(call.key or "", []), history.ttl
+                _arrival(observation, history.played), bills.get(call.key or "", []), history.ttl
             ):
                 continue  # the record was gone: a new request may use the key
             if observation.status == 200 and _answered_before(
