@@ -158,8 +158,8 @@ class GatewaySettings:
             raise ConfigError("--ttl: must be at least as long as --lease")
         if self.wait_timeout <= 0:
             raise ConfigError("--wait-timeout: must be positive")
-        if not 1 <= self.sdk_retry_window <= self.ttl:
-            raise ConfigError("--sdk-retry-window: must be between 1s and --ttl")
+        if self.sdk_retry_window < 1:
+            raise ConfigError("--sdk-retry-window: must be at least 1s")
         if self.connect_timeout <= 0 or self.upstream_timeout <= 0:
             raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
         if not 1024 <= self.max_header_bytes <= 16 * 1024 * 1024:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import json
 import signal
 import sqlite3
 import time
@@ -115,13 +116,14 @@ def test_sigterm_lets_a_running_keyed_call_finish_and_store(
 
 
 def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
-    start_gateway: GatewayFactory, fresh_sim: Sim
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
     # uvicorn closes the connections still open 5 s after SIGTERM, cancelling their
     # requests; the keyed runs go on (the drain) and store their answers. They last
     # 8 s from when the simulator has both: 3 s to spare for the signal to land.
     port = free_port()
-    a = start_gateway(port=port)
+    calls = tmp_path / "calls.jsonl"
+    a = start_gateway("--call-log", str(calls), port=port)
     stream_body = {**CHAT, "stream": True}
 
     def stream(key: str) -> None:
@@ -147,6 +149,18 @@ def test_a_client_still_waiting_when_shutdown_gives_up_gets_a_problem_not_a_500(
     assert answer.headers["x-should-retry"] == "true"
     assert a.popen.wait(20) == 0
     assert "Traceback" not in a.output(), a.output()
+    # The lines say what the clients got and what their runs did upstream (found by
+    # payonce torture: a bill line no call-log line explained).
+    lines = {line["key"]: line for line in map(json.loads, calls.read_text().splitlines())}
+    billed = {
+        entry["provider_request_id"]
+        for entry in httpx.get(fresh_sim.url + "/_sim/ledger?entries=1").json()["entries"]
+    }
+    assert lines["late-1"]["status"] == 503
+    assert {
+        lines["late-1"]["upstream_request_id"],
+        lines["late-2"]["upstream_request_id"],
+    } == billed
     b = start_gateway(port=port)
     assert chat(b.url, "late-1").headers["idempotent-replayed"] == "true"
     replay = httpx.post(

@@ -29,7 +29,9 @@ def test_a_scripted_scenario_is_counted_exactly(
     start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
 ) -> None:
     log_path = tmp_path / "calls.jsonl"
-    gateway = start_gateway("--call-log", str(log_path))
+    # Without matching, an SDK's retry without a key is an unprotected one
+    # (test_sdk_retries.py counts the matched kind).
+    gateway = start_gateway("--call-log", str(log_path), "--no-match-sdk-retries")
     first = chat(gateway.url, "obs-a")  # forwarded
     chat(gateway.url, "obs-a")  # replayed
     chat(gateway.url, "obs-a")  # replayed

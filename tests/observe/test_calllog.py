@@ -43,7 +43,7 @@ def test_a_line_is_one_json_object_with_exactly_the_documented_fields_in_order()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     document = orjson.loads(line)
     assert list(document) == documented_fields()
-    assert len(documented_fields()) == 29
+    assert len(documented_fields()) == 30
 
 
 def test_every_field_of_a_forwarded_request() -> None:
@@ -80,6 +80,7 @@ def test_every_field_of_a_forwarded_request() -> None:
         "upstream_cancelled": False,
         "client_retry": 0,
         "unprotected_retry": False,
+        "sdk_match": None,
         "store_bypassed": False,
         "not_stored": None,
         "input_tokens": 5,

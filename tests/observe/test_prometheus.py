@@ -663,6 +663,7 @@ def expected_panels(
         (14, "C"): Expect(today.billed_duplicates),
         (15, "A"): Expect(by=("kind",), values={k: v / window for k, v in today.prevented.items()}),
         (16, "A"): Expect(today.unprotected_retries / window),
+        (16, "B"): Expect(0.0),  # no retry is matched: the gateways run --no-match-sdk-retries
         (18, "A"): Expect(
             by=("outcome",), values={k: v / window for k, v in today.by_outcome().items()}
         ),
@@ -936,6 +937,9 @@ def start_gateways(
             "--no-otel",
             "--log-level",
             "warning",
+            # The script's unkeyed SDK retries are the unprotected, billed kind
+            # (matched ones: tests/gateway/test_sdk_retries.py).
+            "--no-match-sdk-retries",
             *flags,
         ]
         gateways.append(start_payonce(args, log_dir=work, ready_path="/_payonce/health", port=port))

@@ -77,6 +77,9 @@ def traffic(fresh_sim: Sim, tmp_path: Path) -> dict[str, Any]:
             f"sqlite:///{tmp_path}/payonce.db",
             "--call-log",
             str(log),
+            # B's retries are the kind no gateway prevents: not matched to a first
+            # attempt (docs/gateway.md, "SDK retries without a key").
+            "--no-match-sdk-retries",
         ],
         log_dir=tmp_path,
         ready_path="/_payonce/health",

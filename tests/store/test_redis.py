@@ -257,6 +257,27 @@ async def test_a_slow_server_is_a_store_timeout(redis_server: RedisServer) -> No
     await store.close()
 
 
+async def test_replay_counts_that_timed_out_are_counted_once_when_sent_again(
+    redis_server: RedisServer,
+) -> None:
+    # A write that times out may still run once the server answers again: the
+    # gateway, keeping its counts for the next flush, counted those replays twice
+    # (found by payonce torture: a status with 2 replays, one in the call logs).
+    redis_server.flush()
+    store = RedisStore(redis_server.url + "?timeout=0.2", ManualClock())
+    claim = await store.claim("t", "k", "fp", lease=30, ttl=60)
+    assert await store.complete("t", "k", claim.record.token, RESPONSE, ttl=60)
+    assert command(redis_server.port, "CLIENT", "PAUSE", "600", "WRITE").startswith("+OK")
+    with pytest.raises(StorageTimeout):
+        await store.add_replays({("t", "k"): 3}, batch="b1")
+    await asyncio.sleep(0.8)  # the pause ends; the server runs what it held
+    await store.add_replays({("t", "k"): 3}, batch="b1")  # the caller tries again
+    await store.add_replays({("t", "k"): 1}, batch="b2")
+    record = await store.get("t", "k")
+    assert record is not None and record.replays == 4
+    await store.close()
+
+
 async def test_scripts_are_loaded_again_after_the_server_forgets_them(
     redis_store: RedisStore, redis_server: RedisServer
 ) -> None:

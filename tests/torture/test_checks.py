@@ -22,6 +22,7 @@ from payonce.torture.checks import (
     NO_STUCK_KEYS,
     RECONCILE,
     REPLAY_EQUALS_FIRST,
+    STATUS,
     STORE_HIDDEN,
     WHOLE_ANSWERS,
     History,
@@ -310,3 +311,41 @@ def test_a_large_whole_answer_is_checked_by_its_generation_and_its_vectors() -> 
     assert _names(_history(cut, ["g1"])) == {WHOLE_ANSWERS}
     twice = [seen(0, _embeddings(3), "g1"), seen(1, _embeddings(3), "g2")]
     assert _names(_history(twice, ["g1", "g2"])) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}
+
+
+def test_a_status_that_counts_other_replays_than_the_call_logs_is_a_violation() -> None:
+    observations = [_seen(0, _stream("g1")), _seen(1, _stream("g1"))]
+    history = _history(observations, ["g1"])
+    history.call_log[0].update(key="k", outcome="forwarded")
+    history.call_log[1].update(key="k", outcome="replayed")
+    history.replays = {0: {"k": 1}, 1: {"k": 1}}
+    assert _names(history) == set()
+    history.replays = {0: {"k": 1}, 1: {"k": 0}}  # gateway 0's counts never reached the store
+    assert _names(history) == {STATUS}
+    history.replays = {0: {"k": 2}, 1: {"k": 2}}  # a flush counted twice
+    assert _names(history) == {STATUS}
+
+
+def test_a_record_that_began_again_counts_its_own_replays_only() -> None:
+    first, replay, later = _seen(0, _stream("g1")), _seen(1, _stream("g1")), _seen(2, _stream("g2"))
+    first.sent_at, replay.sent_at, later.sent_at = 1000.0, 1001.5, 1004.5
+    history = _history(
+        [first, replay, later], [], ledger=[_billed("g1", 1001), _billed("g2", 1005)]
+    )
+    history.ttl = 3.0
+    for line, outcome in zip(history.call_log, ["forwarded", "replayed", "forwarded"], strict=True):
+        line.update(key="k", outcome=outcome)
+    history.replays = {0: {"k": 0}}  # the new record has served no replay yet
+    assert _names(history) == set()
+
+
+def test_a_call_held_up_by_a_stopped_gateway_may_arrive_after_the_record_expired() -> None:
+    # Sent 0.2 s before the record expired, to a gateway stopped for 1 s then.
+    first, retry = _seen(0, _stream("g1")), _seen(1, _stream("g2"))
+    first.sent_at, retry.sent_at = 1000.0, 1003.8
+    retry.started = 3.8
+    history = _history([first, retry], [], ledger=[_billed("g1", 1001), _billed("g2", 1005)])
+    history.ttl = 3.0
+    assert _names(history) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}
+    history.played = [Played(Fault(0, 3.5, "stop", 1.0, target=0), 3.5, 4.5)]
+    assert _names(history) == set()

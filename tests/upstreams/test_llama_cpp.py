@@ -141,11 +141,13 @@ def llama(
 
 
 @contextlib.contextmanager
-def _gateway(upstream: str, directory: Path) -> Iterator[Gateway]:
+def _gateway(upstream: str, directory: Path, *flags: str) -> Iterator[Gateway]:
     call_log = directory / "calls.jsonl"
     args = ["serve", "--upstream", upstream, "--store", f"sqlite:///{directory}/payonce.db"]
     process = start_payonce(
-        [*args, "--call-log", str(call_log)], log_dir=directory, ready_path="/_payonce/health"
+        [*args, "--call-log", str(call_log), *flags],
+        log_dir=directory,
+        ready_path="/_payonce/health",
     )
     try:
         yield Gateway(process, call_log)
@@ -156,6 +158,17 @@ def _gateway(upstream: str, directory: Path) -> Iterator[Gateway]:
 @pytest.fixture(scope="module")
 def gateway(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with _gateway(llama.url, tmp_path_factory.mktemp("gateway")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def unmatched_gateway(
+    llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway that does not match SDK retries without a key to their first attempt."""
+    with _gateway(
+        llama.url, tmp_path_factory.mktemp("unmatched"), "--no-match-sdk-retries"
+    ) as started:
         yield started
 
 
@@ -351,9 +364,33 @@ def test_an_sdk_that_times_out_and_retries_with_a_key_is_billed_one_generation(
     assert [line["upstream_attempts"] for line in lines] == [1] + [0] * (len(lines) - 1)
 
 
-def test_without_a_key_the_same_retries_are_several_generations(
+def test_without_a_key_the_sdks_retries_are_matched_to_one_generation(
     llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI
 ) -> None:
+    # As the keyed test above, with no key at all: the SDK's x-stainless-retry-count
+    # makes each retry join its first attempt's run (docs/gateway.md).
+    expected, seconds = _timed(direct, llama.model)
+    seconds = min(seconds, _timed(direct, llama.model)[1])
+    client = gateway.client(timeout=KEYED_TIMEOUT * seconds, max_retries=4)
+    before = llama.generations()
+    answer = client.chat.completions.create(model=llama.model, **LONG)
+    assert answer.choices[0].message.content == expected, "the same words as a direct call"
+    assert llama.quiet(seconds + 1) == before + 1, "one generation for the call and its retries"
+    lines = gateway.lines(
+        lambda line: (
+            line["sdk_match"] is not None and line["upstream_request_id"] == answer._request_id
+        ),
+        2,
+    )
+    assert lines[0]["sdk_match"] == "first" and lines[0]["status"] == 499, "it timed out"
+    assert {line["sdk_match"] for line in lines[1:]} == {"retry"}
+    assert lines[-1]["status"] == 200 and lines[-1]["outcome"] in ("joined", "replayed")
+
+
+def test_without_a_key_or_matching_the_same_retries_are_several_generations(
+    llama: LlamaServer, unmatched_gateway: Gateway, direct: openai.OpenAI
+) -> None:
+    gateway = unmatched_gateway
     _, seconds = _timed(direct, llama.model)
     client = gateway.client(timeout=TIMEOUT * seconds, max_retries=openai.DEFAULT_MAX_RETRIES)
     before = llama.generations()

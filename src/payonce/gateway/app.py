@@ -193,6 +193,9 @@ class Gateway:
         self.replays = ReplayCache(self.clock, settings.replay_cache)
         self.replay_counts = ReplayCounter()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The run each request in progress started, by id(CallRecord): a request cut
+        # at shutdown learns it from here, since its _proxy never returned.
+        self._started: dict[int, Execution] = {}
         # Completions and releases that failed while the store was down, retried.
         self.pending = PendingWrites(self.clock)
 
@@ -222,6 +225,7 @@ class Gateway:
         record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)
         run: Execution | None = None
+        cut = False
         try:
             run = await self._proxy(scope, receive, send, record)
         except ClientGone:
@@ -230,6 +234,8 @@ class Gateway:
         except asyncio.CancelledError:
             if not self.stopping:
                 raise
+            # The run this request started goes on (drain): its line waits for it.
+            run, cut = self._started.get(id(record)), True
             await self._cut_at_shutdown(record, send, scope["path"])
         except (ProblemError, StorageError) as exc:
             # A store's own message names the store: callers get a fixed problem
@@ -265,7 +271,8 @@ class Gateway:
                     f" (Idempotency-Key {record.key!r})" if record.key is not None else "",
                     reason,
                 )
-            self._finish(record, receive, run)
+            self._started.pop(id(record), None)
+            self._finish(record, receive, run, cut=cut)
 
     @staticmethod
     async def _cut_at_shutdown(record: CallRecord | None, send: Send, path: str) -> None:
@@ -287,15 +294,22 @@ class Gateway:
         else:
             await problem_response(send, error, path)
 
-    def _finish(self, record: CallRecord, receive: Receive, run: Execution | None) -> None:
-        """Log and count a request as what its client received (docs/call-log.md)."""
-        if client_left(receive):
+    def _finish(
+        self, record: CallRecord, receive: Receive, run: Execution | None, *, cut: bool = False
+    ) -> None:
+        """Log and count a request as what its client received (docs/call-log.md).
+
+        ``cut``: answered 503 at shutdown while its run goes on (the drain)."""
+        left = client_left(receive)
+        if left:
             # Whatever was sent after it left went nowhere: nginx's 499.
             record.status, record.client_disconnected = 499, True
+        if left or cut:
             task = run.task if run is not None else None
             if task is not None and not task.done():
-                # A stream whose client left goes on for the retry: its line waits
-                # for the run, so it says what the call did upstream and cost.
+                # A run whose client left, or was told to retry at shutdown, goes
+                # on for the retry: its line waits for the run, so it says what the
+                # call did upstream and cost.
                 finished = time.perf_counter()
 
                 def settled(_: object) -> None:
@@ -351,7 +365,9 @@ class Gateway:
                 )
         attempt = None
         if key is None and self.settings.match_sdk_retries and scope["method"] == "POST":
-            attempt = sdk_attempt(headers, self.settings.sdk_retry_window)
+            # A window is never longer than --ttl, which bounds every record.
+            window = min(self.settings.sdk_retry_window, self.settings.ttl)
+            attempt = sdk_attempt(headers, window)
         if (key is not None or attempt is not None) and self.in_flight is not None:
             # A slot of --max-inflight-per-tenant, taken before the body is read.
             record.tenant = record.tenant or self.tenant(headers)
@@ -541,6 +557,7 @@ class Gateway:
             self.new_keys.spend(claimed.tenant)
         record.outcome = "forwarded"
         execution = self._execute(claimed, request, ttl)
+        self._started[id(record)] = execution
         if self.observer.tracing is not None:
             self.observer.tracing.start_upstream(execution.facts, record)
         seen.facts, seen.saved = execution.facts, False

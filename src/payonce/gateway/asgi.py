@@ -137,6 +137,10 @@ def problem_document(
     # "message" (top level or in "error"), so without it their users see just
     # "Error code: 400" and never learn why.
     problem["message"] = error.detail
+    # The SDKs' own error member: openai-python and openai-node read
+    # error.message (without it the Node SDK says "422 status code (no body)"),
+    # anthropic's SDKs error.type and error.message.
+    problem["error"] = {"message": error.detail, "type": error.slug, "code": error.slug}
     headers = [(b"content-type", b"application/problem+json")]
     if error.should_retry is not None:
         headers.append((b"x-should-retry", b"true" if error.should_retry else b"false"))

@@ -188,7 +188,7 @@ def _schemas() -> Json:
         "Problem": {
             "type": "object",
             "description": "RFC 9457 problem details (docs/problems.md).",
-            "required": ["type", "title", "status", "detail", "message"],
+            "required": ["type", "title", "status", "detail", "message", "error"],
             "properties": {
                 "type": {"type": "string", "format": "uri"},
                 "title": {"type": "string"},
@@ -198,6 +198,18 @@ def _schemas() -> Json:
                 "message": {
                     "type": "string",
                     "description": "`detail` again, for the openai SDKs' error text.",
+                },
+                "error": {
+                    "type": "object",
+                    "description": "The error object the openai and anthropic SDKs"
+                    " (Python and Node) read: `detail` as `message`, the problem's"
+                    " slug as `type` and `code`.",
+                    "required": ["message", "type", "code"],
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "code": {"type": "string"},
+                    },
                 },
             },
         },

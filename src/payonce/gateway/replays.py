@@ -9,8 +9,10 @@ cost more than the replay itself; counts are summed here and flushed in batches.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import logging
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -24,6 +26,8 @@ __all__ = ["CachedReplay", "ReplayCache", "ReplayCounter", "entry_cost"]
 log = logging.getLogger("payonce.gateway")
 
 REPLAYED = (b"idempotent-replayed", b"true")
+# Failed flushes of replay counts kept to be sent again (ReplayCounter).
+MAX_FAILED_BATCHES = 600
 
 
 # What an entry costs beyond the lengths of its strings and body, measured with
@@ -170,26 +174,41 @@ class ReplayCache:
 
 
 class ReplayCounter:
-    """Replays answered since the last flush, by ``(tenant, key)``."""
+    """Replays answered since the last flush, by ``(tenant, key)``.
+
+    A flush that failed is sent again as it was, under its batch name, so a store
+    whose failed write was applied after all (a Redis timeout) adds it once. At
+    most :data:`MAX_FAILED_BATCHES` wait (a flush a second: ten minutes of an
+    outage); past that the oldest is dropped, and said so.
+    """
 
     def __init__(self) -> None:
         self._pending: dict[tuple[str, str], int] = {}
+        self._failed: collections.deque[tuple[str, dict[tuple[str, str], int]]] = (
+            collections.deque()
+        )
 
     def add(self, tenant: str, key: str, count: int = 1) -> None:
         name = (tenant, key)
         self._pending[name] = self._pending.get(name, 0) + count
 
     def pending(self, tenant: str, key: str) -> int:
-        return self._pending.get((tenant, key), 0)
+        name = (tenant, key)
+        return self._pending.get(name, 0) + sum(batch.get(name, 0) for _, batch in self._failed)
 
     async def flush(self, store: Store) -> None:
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, {}
-        try:
-            await store.add_replays(batch)
-        except StorageError as exc:
-            # Counts are statistics: keep them for the next flush rather than fail.
-            for (tenant, key), count in batch.items():
-                self.add(tenant, key, count)
-            log.warning("could not record replay counts: %s", exc)
+        if self._pending:
+            self._failed.append((secrets.token_hex(8), self._pending))
+            self._pending = {}
+        while self._failed:
+            name, batch = self._failed[0]
+            try:
+                await store.add_replays(batch, batch=name)
+            except StorageError as exc:
+                # Counts are statistics: keep them for the next flush rather than fail.
+                while len(self._failed) > MAX_FAILED_BATCHES:
+                    _, dropped = self._failed.popleft()
+                    log.warning("dropped %d replay counts kept too long", sum(dropped.values()))
+                log.warning("could not record replay counts: %s", exc)
+                return
+            self._failed.popleft()

@@ -17,7 +17,7 @@ that attempt's run without any key (docs/gateway.md, "SDK retries without a key"
 The window is how long an answer waits for retries: the read timeout the SDK
 declares (``x-stainless-read-timeout``, 600 s by default in openai-python), at
 least :data:`MIN_WINDOW` (the SDKs wait at most 8 s between attempts, or a
-``Retry-After`` of up to 60 s), at most ``--sdk-retry-window``.
+``Retry-After`` of up to 60 s), at most ``--sdk-retry-window`` and ``--ttl``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAtt
         return None
     if not 0 <= number <= _MAX_COUNT:
         return None
-    window = MIN_WINDOW
+    window = min(MIN_WINDOW, max_window)
     declared = header(headers, READ_TIMEOUT)
     if declared is not None:
         try:

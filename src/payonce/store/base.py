@@ -204,8 +204,14 @@ class Store(Protocol):
         """The recorded events numbered above ``after``, in order."""
         ...
 
-    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """Add replay counts to completed records, by ``(tenant, key)``; skip gone ones."""
+    async def add_replays(self, counts: Mapping[tuple[str, str], int], *, batch: str = "") -> None:
+        """Add replay counts to completed records, by ``(tenant, key)``; skip gone ones.
+
+        ``batch`` names these counts: a caller whose call failed sends the same
+        counts again under the same name, and a store whose failed write may still
+        have been applied (Redis: a timeout after the command was sent) adds each
+        named batch once. ``""``: no name, added every time.
+        """
         ...
 
     async def renew(self, tenant: str, key: str, token: str, *, lease: float) -> bool:

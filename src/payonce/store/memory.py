@@ -156,7 +156,8 @@ class MemoryStore:
             return []
         return self._events.get((tenant, key), [])[after:]
 
-    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+    async def add_replays(self, counts: Mapping[tuple[str, str], int], *, batch: str = "") -> None:
+        # A failed call here changed nothing, so a batch sent again is new: no names kept.
         for (tenant, key), count in counts.items():
             record = self._live(tenant, key)
             if record is not None and record.state is RecordState.COMPLETED:

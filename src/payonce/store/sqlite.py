@@ -441,8 +441,9 @@ class SQLiteStore:
         )
         return self._codec.events_in(tenant, key, after, [bytes(row[0]) for row in rows])
 
-    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
-        # Submitted together, so the group commit makes them one transaction.
+    async def add_replays(self, counts: Mapping[tuple[str, str], int], *, batch: str = "") -> None:
+        # Submitted together, so the group commit makes them one transaction: one
+        # that failed committed nothing, so a batch sent again is new (no names kept).
         updates = [
             self._write(
                 "UPDATE payonce_records SET replays = replays + ?"

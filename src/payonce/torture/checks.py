@@ -307,26 +307,45 @@ def _stamp(text: object) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _lives(observations: list[Observation], bills: list[dict[str, Any]], ttl: float | None) -> int:
+def _arrival(observation: Observation, played: list[Played]) -> float:
+    """The latest moment (wall clock) the gateway may have seen ``observation``'s
+    request: when it was sent, or, if its gateway was stopped or the store held
+    still then, when that fault ended (the request waited in a socket or a queue)."""
+    arrival = observation.sent_at
+    for fault in played:
+        kind, target = fault.fault.kind, fault.fault.target
+        holds = kind in ("stall", "disk") or (kind == "stop" and target == observation.call.gateway)
+        if holds and fault.started <= observation.started <= fault.ended:
+            arrival = max(arrival, observation.sent_at + fault.ended - observation.started)
+    return arrival
+
+
+def _lives(
+    observations: list[Observation],
+    bills: list[dict[str, Any]],
+    ttl: float | None,
+    played: list[Played],
+) -> int:
     """How many generations a key may have been billed: one per life of its record.
 
-    A record lives ``ttl`` after its answer was stored; a call sent after that
-    starts a new business request, as documented. An answer is stored after the
-    upstream finished it, which is when the ledger billed it, so a call sent
-    more than ``ttl`` after that bill may have found the record gone (an upper
-    bound: the answer is stored a moment after the bill). A record that expires
-    while its call still runs is the defect this guards against (a second bill
-    during the first call): it gets no new life.
+    A record lives ``ttl`` after its answer was stored; a call that reaches the
+    gateway after that starts a new business request, as documented. An answer
+    is stored after the upstream finished it, which is when the ledger billed it,
+    so a call that arrived more than ``ttl`` after that bill may have found the
+    record gone (an upper bound: the answer is stored a moment after the bill,
+    and a call may arrive late: :func:`_arrival`). A record that expires while
+    its call still runs is the defect this guards against (a second bill during
+    the first call): it gets no new life.
     """
     if ttl is None or not bills:
         return 1
     finished = sorted(_stamp(entry.get("finished_at")) for entry in bills)
     lives = 1
     expires = finished[0] + ttl
-    for sent in sorted(o.sent_at for o in observations if o.sent_at):
-        if sent > expires:
+    for arrived in sorted(_arrival(o, played) for o in observations if o.sent_at):
+        if arrived > expires:
             lives += 1
-            later = [moment for moment in finished if moment > sent]
+            later = [moment for moment in finished if moment > arrived]
             if not later:
                 break
             expires = later[0] + ttl
@@ -375,14 +394,16 @@ def check(history: History, *, lease: float) -> list[Violation]:
         bills[str(entry.get("user", ""))].append(entry)
     keyed = _by_key(history.observations)
     excused: set[str] = set()  # keys a fault let run twice: two answers may differ
+    renewed: set[str] = set()  # keys whose record expired and began again
     by_number = {o.call.number: o for o in history.observations}
 
     # billed-once: at most one generation per key, unless a fault explains the second.
     for key, observations in keyed.items():
         count = len(bills.get(key, []))
-        lives = _lives(observations, bills.get(key, []), history.ttl)
+        lives = _lives(observations, bills.get(key, []), history.ttl, history.played)
         if lives > 1:
             excused.add(key)  # answers of two lives differ, as they should
+            renewed.add(key)
         if count <= lives:
             continue
         start, end = _window(observations)
@@ -411,7 +432,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
         call = observation.call
         if call.mismatch:
             if history.ttl is not None and _expired(
-                observation.sent_at, bills.get(call.key or "", []), history.ttl
+                _arrival(observation, history.played), bills.get(call.key or "", []), history.ttl
             ):
                 continue  # the record was gone: a new request may use the key
             if observation.status == 200 and _answered_before(
@@ -493,7 +514,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # status-tells-the-truth: the replays a key's status counts are the answers its
     # record served (call-log lines "replayed"; "joined" ones too when they followed
     # another gateway's recording, which the line does not tell from an in-process join).
-    violations.extend(_status_violations(history, keyed))
+    violations.extend(_status_violations(history, keyed, renewed))
 
     # call-log-tells-the-truth: one line per answered request, with the status seen.
     lines: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -568,7 +589,11 @@ def check(history: History, *, lease: float) -> list[Violation]:
     return violations
 
 
-def _status_violations(history: History, keyed: Mapping[str, list[Observation]]) -> list[Violation]:
+def _status_violations(
+    history: History, keyed: Mapping[str, list[Observation]], renewed: set[str]
+) -> list[Violation]:
+    """Each gateway's status ``replays`` against the call logs, for keys whose record
+    lived once (a new life starts from 0, while the call log holds both)."""
     found: list[Violation] = []
     outcomes: dict[str, list[str]] = defaultdict(list)
     for line in history.call_log:
@@ -576,6 +601,8 @@ def _status_violations(history: History, keyed: Mapping[str, list[Observation]])
             outcomes[line["key"]].append(str(line.get("outcome")))
     for gateway, counts in sorted(history.replays.items()):
         for key, counted in sorted(counts.items()):
+            if key in renewed:
+                continue
             if any(o.call.gateway in history.killed_gateways for o in keyed.get(key, [])):
                 continue  # a killed gateway's unflushed counts and lines are lost alike
             replayed = outcomes[key].count("replayed")

@@ -276,10 +276,15 @@ return redis.call('LRANGE', KEYS[2], ARGV[2], -1)
 # ARGV[1] - now
 # ARGV[2] - replays to add
 # Adds to a completed, live record; does nothing to others (gone, past ttl,
-# in progress). Returns 0.
+# in progress). KEYS[3] marks the batch ARGV[3] as added to this record (an
+# hour): the same batch again, after a timeout that hid its success, adds
+# nothing. Returns 0.
 ADD_REPLAYS = Script(
     "add_replays",
     """
+if ARGV[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', 3600) then
+    return 0
+end
 local record = redis.call('HMGET', KEYS[1], 'state', 'expires_at')
 if record[1] == 'completed' and tonumber(record[2]) > tonumber(ARGV[1]) then
     redis.call('HINCRBY', KEYS[1], 'replays', ARGV[2])

@@ -352,7 +352,7 @@ class RedisStore:
         events = await self._run(scripts.READ_EVENTS, keys, repr(self._clock.now()), after)
         return self._codec.events_in(tenant, key, after, list(events))
 
-    async def add_replays(self, counts: Mapping[tuple[str, str], int]) -> None:
+    async def add_replays(self, counts: Mapping[tuple[str, str], int], *, batch: str = "") -> None:
         if not counts:
             return
         now = repr(self._clock.now())
@@ -364,13 +364,20 @@ class RedisStore:
             # One pipeline, one round trip (per shard on a cluster).
             pipe = self._client.pipeline(transaction=False)
             for keys, count in calls:
+                # The batch's mark shares the record's hash tag, so its slot.
                 # execute_command: ClusterPipeline blocks its evalsha() method
                 # only because keys must share a slot, which ours always do.
-                pipe.execute_command("EVALSHA", script.sha, 2, keys.record, keys.events, now, count)
+                mark = keys.record + b":b:" + batch.encode()
+                pipe.execute_command(
+                    "EVALSHA", script.sha, 3, keys.record, keys.events, mark, now, count, batch
+                )
             results = await pipe.execute(raise_on_error=False)
             for (keys, count), result in zip(calls, results, strict=True):
                 if isinstance(result, NoScriptError):
-                    await self._client.eval(script.source, 2, keys.record, keys.events, now, count)
+                    mark = keys.record + b":b:" + batch.encode()
+                    await self._client.eval(
+                        script.source, 3, keys.record, keys.events, mark, now, count, batch
+                    )
                 elif isinstance(result, Exception):
                     raise result
 
