@@ -349,3 +349,16 @@ def test_a_call_held_up_by_a_stopped_gateway_may_arrive_after_the_record_expired
     assert _names(history) == {BILLED_ONCE, REPLAY_EQUALS_FIRST}
     history.played = [Played(Fault(0, 3.5, "stop", 1.0, target=0), 3.5, 4.5)]
     assert _names(history) == set()
+
+
+def test_faults_back_to_back_on_one_gateway_excuse_what_each_alone_would_not() -> None:
+    # A 1.8 s full disk (SQLite: no renewal) and then a 1.7 s stop of the same
+    # gateway: 3.5 s without a renewal, longer than the lease (found by a long run).
+    disk = Played(Fault(0, 4.5, "disk", 1.8, target=0), 7.6, 9.4)
+    stop = Played(Fault(1, 8.8, "stop", 1.7, target=0), 9.4, 11.1)
+    observations = [_seen(0, _stream("g1")), _seen(1, _stream("g1"))]
+    history = _history(observations, ["g1", "g2"], played=[disk, stop])
+    assert _names(history) == set()
+    assert "disk#0, stop#1" in history.excused[0]
+    apart = Played(Fault(1, 8.8, "stop", 1.7, target=0), 10.6, 12.3)  # a renewal fits between
+    assert _names(_history(observations, ["g1", "g2"], played=[disk, apart])) == {BILLED_ONCE}

@@ -358,6 +358,40 @@ def _expired(sent: float, bills: list[dict[str, Any]], ttl: float) -> bool:
     return all(moment < sent - ttl for moment in finished if moment < sent)
 
 
+def _held_together(
+    played: list[Played], served: set[int], lease: float, store: str
+) -> list[Played]:
+    """Faults that, back to back, kept a gateway that served the key from renewing its
+    lease for two thirds of a lease or longer, though none did alone (the nemesis
+    plays faults one after another: a full disk, then a stop of the same gateway).
+
+    Each gateway's stops (and full disks, on SQLite) and every store stall are
+    joined when less than a renewal period (a third of a lease) lies between them.
+    """
+    for gateway in sorted(served):
+        held = sorted(
+            (p for p in played if _holds_renewals(p, gateway, store)), key=lambda p: p.started
+        )
+        run: list[Played] = []
+        for fault in held:
+            if run and fault.started - max(p.ended for p in run) > lease / 3:
+                run = []
+            run.append(fault)
+            if len(run) > 1 and max(p.ended for p in run) - run[0].started >= lease * 2 / 3:
+                return list(run)
+    return []
+
+
+def _holds_renewals(played: Played, gateway: int, store: str) -> bool:
+    """Whether ``played`` kept ``gateway`` from renewing its leases while it lasted."""
+    kind, target = played.fault.kind, played.fault.target
+    if kind == "stall":
+        return True
+    if kind == "stop" or (kind == "disk" and store == "sqlite"):
+        return target == gateway
+    return False
+
+
 def _faults_during(played: list[Played], start: float, end: float, slack: float) -> list[Played]:
     return [p for p in played if p.started <= end + slack and p.ended + slack >= start]
 
@@ -408,11 +442,9 @@ def check(history: History, *, lease: float) -> list[Violation]:
             continue
         start, end = _window(observations)
         served = {o.call.gateway for o in observations}
-        faults = [
-            played
-            for played in _faults_during(history.played, start, end, slack=3 * lease)
-            if _explains(played, served, lease, history.store)
-        ]
+        during = _faults_during(history.played, start, end, slack=3 * lease)
+        faults = [p for p in during if _explains(p, served, lease, history.store)]
+        faults = faults or _held_together(during, served, lease, history.store)
         numbers = tuple(o.call.number for o in observations)
         if faults:
             kinds = ", ".join(f"{p.fault.kind}#{p.fault.number}" for p in faults)
@@ -431,6 +463,8 @@ def check(history: History, *, lease: float) -> list[Violation]:
     for observation in history.observations:
         call = observation.call
         if call.mismatch:
+            if call.key in renewed:
+                continue  # its record expired, and a later life may have been released
             if history.ttl is not None and _expired(
                 _arrival(observation, history.played), bills.get(call.key or "", []), history.ttl
             ):
