@@ -31,11 +31,13 @@ Workloads (``--only``, comma-separated: workload1 ... workload4):
    under test and its children (``/proc/PID/stat``) over the timed run / requests.
 2. **The incident**: ``--incident-requests`` business requests, the official openai SDK
    with its default retries (2) and the demo's 10 s timeout, its own key sent
-   (``_idempotency_header``), ``--incident-concurrency`` (50) at once, against a
-   simulator of its own with the demo's latency ``lognormal:p50=4s,p99=30s`` and 1%
-   500s. Every duration is multiplied by ``--time-scale`` (0.1, the demo's: p50 0.4 s,
-   p99 3 s, timeout 1 s). Billed generations per business request, from the simulator's
-   ledger once nothing is generating and no request came for a while.
+   (``_idempotency_header``; each payonce system once more with no key sent at all,
+   its retries matched by ``x-stainless-retry-count``), ``--incident-concurrency`` (50)
+   at once, against a simulator of its own with the demo's latency
+   ``lognormal:p50=4s,p99=30s`` and 1% 500s. Every duration is multiplied by
+   ``--time-scale`` (0.1, the demo's: p50 0.4 s, p99 3 s, timeout 1 s). Billed
+   generations per business request, from the simulator's ledger once nothing is
+   generating and no request came for a while.
 3. **Concurrent streams**: ``--streams`` streams at once (first token after 100 ms, then
    20 tokens 50 ms apart). Time to first byte and total time, p50 and p99, as added to
    direct's in the same round; peak RSS of the process under test.
@@ -786,12 +788,19 @@ def workload2(stack: Stack) -> dict[str, Any]:
     rows: dict[str, list[dict[str, Any]]] = {}
     timeout = 10 * options.time_scale
     with endpoints(stack, "incident", options.systems) as found:
+        # Each payonce system also runs with no key sent at all: its SDK retries are
+        # matched by x-stainless-retry-count (docs/gateway.md), nothing in the client.
+        runs = [(endpoint, False) for endpoint in found] + [
+            (endpoint, True) for endpoint in found if endpoint.system.startswith("payonce")
+        ]
         for number in range(options.incident_rounds):
-            for endpoint in found:
+            for endpoint, no_key in runs:
+                system = endpoint.system + (", no key sent" if no_key else "")
                 sim_url = endpoint.sim_url
                 reset(sim_url)
                 job = {
                     "kind": "incident",
+                    "no_key": no_key,
                     "headers": dict(endpoint.headers),
                     "base_url": endpoint.url + "/v1",
                     "api_key": endpoint.authorization.removeprefix("Bearer "),
@@ -822,9 +831,9 @@ def workload2(stack: Stack) -> dict[str, Any]:
                     "runq_wait": used["runq_wait"],
                     "load": load_average()[0],
                 }
-                rows.setdefault(endpoint.system, []).append(row)
+                rows.setdefault(system, []).append(row)
                 print(
-                    f"# w2 round {number + 1} {endpoint.system}: billed {row['billed']}"
+                    f"# w2 round {number + 1} {system}: billed {row['billed']}"
                     f" for {options.incident_requests} ({row['billed_per_request']:.3f}),"
                     f" answered {row['answered']}, {row['seconds']:.0f} s",
                     flush=True,

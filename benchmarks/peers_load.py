@@ -218,7 +218,8 @@ async def incident(job: dict[str, Any]) -> dict[str, Any]:
         ),
     )  # max_retries: the SDK's default (2)
     client.time_scale = float(job["time_scale"])
-    client._idempotency_header = "Idempotency-Key"  # the SDK mints one key per call
+    if not job.get("no_key"):
+        client._idempotency_header = "Idempotency-Key"  # the SDK mints one key per call
     gate = asyncio.Semaphore(int(job["concurrency"]))
     outcomes: dict[str, int] = {}
     latencies: list[float] = []

@@ -335,6 +335,16 @@ def cli() -> None:
     " declared read timeout, at least 60s).",
 )
 @click.option(
+    "--dedupe-identical",
+    envvar=_env("dedupe_identical"),
+    type=Duration(),
+    default=None,
+    metavar="WINDOW",
+    help="Treat a request without a key identical (tenant, method, path, body) to one"
+    " running or answered within WINDOW as its duplicate: it joins or replays it. Off by"
+    " default: two identical business requests would get one answer.",
+)
+@click.option(
     "--connect-timeout",
     envvar=_env("connect_timeout"),
     type=Duration(),

@@ -115,6 +115,9 @@ class GatewaySettings:
     # answer waits for them.
     match_sdk_retries: bool = True
     sdk_retry_window: float = 600.0
+    # Opt-in: any request without a key identical to one running or answered within
+    # this window is its duplicate (gateway/sdk_retries.py); None: off.
+    dedupe_identical: float | None = None
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     connect_retries: int = 2
@@ -160,6 +163,8 @@ class GatewaySettings:
             raise ConfigError("--wait-timeout: must be positive")
         if self.sdk_retry_window < 1:
             raise ConfigError("--sdk-retry-window: must be at least 1s")
+        if self.dedupe_identical is not None and self.dedupe_identical < 1:
+            raise ConfigError("--dedupe-identical: must be at least 1s")
         if self.connect_timeout <= 0 or self.upstream_timeout <= 0:
             raise ConfigError("--connect-timeout and --upstream-timeout must be positive")
         if not 1024 <= self.max_header_bytes <= 16 * 1024 * 1024:

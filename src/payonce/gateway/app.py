@@ -364,10 +364,13 @@ class Gateway:
                     " Idempotency-Key"
                 )
         attempt = None
-        if key is None and self.settings.match_sdk_retries and scope["method"] == "POST":
+        if key is None and scope["method"] == "POST":
+            settings = self.settings
             # A window is never longer than --ttl, which bounds every record.
-            window = min(self.settings.sdk_retry_window, self.settings.ttl)
-            attempt = sdk_attempt(headers, window)
+            if settings.dedupe_identical is not None:
+                attempt = SdkAttempt(1, min(settings.dedupe_identical, settings.ttl), True)
+            elif settings.match_sdk_retries:
+                attempt = sdk_attempt(headers, min(settings.sdk_retry_window, settings.ttl))
         if (key is not None or attempt is not None) and self.in_flight is not None:
             # A slot of --max-inflight-per-tenant, taken before the body is read.
             record.tenant = record.tenant or self.tenant(headers)
@@ -431,7 +434,7 @@ class Gateway:
         if key is None:
             assert attempt is not None
             key, ttl = implicit_key(print_), attempt.window
-            record.sdk_match = "first" if attempt.first else "retry"
+            record.sdk_match = attempt.match
         resume = _last_event_id(request.headers)
         if resume is not None:
             # Before the replay cache: a resume is answered from its run or refused,

@@ -42,14 +42,24 @@ _MAX_COUNT = 100
 
 @dataclass(frozen=True, slots=True)
 class SdkAttempt:
-    """One attempt of an SDK call: its number and how long its answer waits for retries."""
+    """One attempt of an SDK call: its number and how long its answer waits for retries.
+
+    ``identical``: not declared by an SDK but any request without a key under
+    ``--dedupe-identical``, which treats every identical request as a retry.
+    """
 
     number: int
     window: float
+    identical: bool = False
 
     @property
     def first(self) -> bool:
-        return self.number == 0
+        return self.number == 0 and not self.identical
+
+    @property
+    def match(self) -> str:
+        """What the call log's ``sdk_match`` says of it before its outcome is known."""
+        return "identical" if self.identical else "first" if self.first else "retry"
 
 
 def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAttempt | None:

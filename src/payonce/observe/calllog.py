@@ -88,8 +88,9 @@ class CallRecord:
     upstream_attempts: int = 0
     client_retry: int | None = None
     # An SDK attempt without a key (gateway/sdk_retries.py): "first" (recorded for its
-    # retries), "on_its_own" (a first attempt another call's record was busy for) or
-    # "retry" (answered through its first attempt's record); None otherwise.
+    # retries), "on_its_own" (a first attempt another call's record was busy for),
+    # "retry" (answered through its first attempt's record) or "identical" (any
+    # request under --dedupe-identical); None otherwise.
     sdk_match: str | None = None
     usage: dict[str, int] | None = None
     # Why ``usage`` is null although an upstream call was made or replayed.
