@@ -307,16 +307,23 @@ def _stamp(text: object) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+# After a stop or a stall, a gateway works through what queued meanwhile: a request
+# that waited may be claimed this long after the fault ended.
+_CATCH_UP = 0.5
+
+
 def _arrival(observation: Observation, played: list[Played]) -> float:
     """The latest moment (wall clock) the gateway may have seen ``observation``'s
     request: when it was sent, or, if its gateway was stopped or the store held
-    still then, when that fault ended (the request waited in a socket or a queue)."""
+    still then, when that fault ended and the gateway caught up (the request
+    waited in a socket or a queue)."""
     arrival = observation.sent_at
     for fault in played:
         kind, target = fault.fault.kind, fault.fault.target
         holds = kind in ("stall", "disk") or (kind == "stop" and target == observation.call.gateway)
         if holds and fault.started <= observation.started <= fault.ended:
-            arrival = max(arrival, observation.sent_at + fault.ended - observation.started)
+            late = fault.ended - observation.started + _CATCH_UP
+            arrival = max(arrival, observation.sent_at + late)
     return arrival
 
 
