@@ -11,6 +11,7 @@ the simulator's ledger as the bill.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,56 @@ def test_a_retry_after_its_first_attempt_completed_replays_its_answer(
     )
     assert other.headers.get("idempotent-replayed") != "true", "another body is another call"
     assert fresh_sim.billed() == 2
+
+
+def _leave_after_two_events(url: str, headers: dict[str, str]) -> None:
+    body = {**CHAT, "stream": True}
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        received = b""
+        for piece in response.iter_raw():
+            received += piece
+            if received.count(b"\n\n") >= 2:
+                return  # the SDK's read timeout: it hangs up
+
+
+def test_an_sdk_stream_nobody_came_back_for_is_cancelled_after_the_grace(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    # 16 tokens a second apart: the stream outlasts the grace (10 s) by far.
+    gateway = start_gateway("--no-otel")
+    headers = {**AUTH, "x-stainless-retry-count": "0", "X-Sim-Token-Ms": "1000"}
+    _leave_after_two_events(gateway.url, headers)
+    time.sleep(3)
+    assert "no retry came" not in gateway.output(), "kept for the SDK's backoff"
+    wait_until(
+        lambda: "no retry came for the SDK stream" in gateway.output(), "the cancel", timeout=20
+    )
+    # A retry after that runs the call again: its record was released.
+    retry = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={**AUTH, "x-stainless-retry-count": "1", "X-Sim-Token-Ms": "0"},
+        timeout=30,
+    )
+    assert retry.status_code == 200 and b"[DONE]" in retry.content
+    assert retry.headers.get("idempotent-replayed") != "true"
+
+
+def test_an_sdk_stream_whose_retry_came_back_in_time_is_read_to_its_end(
+    start_gateway: GatewayFactory, fresh_sim: Sim
+) -> None:
+    gateway = start_gateway("--no-otel")
+    headers = {**AUTH, "x-stainless-retry-count": "0", "X-Sim-Token-Ms": "100"}
+    _leave_after_two_events(gateway.url, headers)
+    time.sleep(1)  # the SDK's backoff
+    retry = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={**headers, "x-stainless-retry-count": "1"},
+        timeout=30,
+    )
+    assert retry.status_code == 200 and b"[DONE]" in retry.content
+    assert fresh_sim.billed() == 1, "the retry joined the first attempt's stream"

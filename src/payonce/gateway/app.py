@@ -91,7 +91,13 @@ from payonce.gateway.replays import CachedReplay, ReplayCache, ReplayCounter
 from payonce.gateway.request import ProxiedRequest, header
 from payonce.gateway.resume import find_run
 from payonce.gateway.runs import RunTable
-from payonce.gateway.sdk_retries import SdkAttempt, implicit_key, sdk_attempt
+from payonce.gateway.sdk_retries import (
+    STREAM_GRACE,
+    SdkAttempt,
+    implicit_key,
+    is_implicit,
+    sdk_attempt,
+)
 from payonce.gateway.sse import LastEventId, StreamId, not_asked_for_usage, read_last_event_id
 from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
@@ -126,6 +132,14 @@ class _Seen:
 
 def _mismatch(key: str) -> FingerprintMismatch:
     return FingerprintMismatch(f"Idempotency-Key {key!r} was first used with a different request")
+
+
+def _cancel_unread(stream: LiveStream, execution: Execution) -> None:
+    """Cancel an SDK call's stream that nobody has read since its grace began."""
+    task = execution.task
+    if stream.followers == 0 and not stream.finished and task is not None and not task.done():
+        log.info("no retry came for the SDK stream %r: cancelling it", execution.key)
+        task.cancel()
 
 
 def _last_event_id(headers: list[tuple[bytes, bytes]]) -> LastEventId | None:
@@ -701,6 +715,11 @@ class Gateway:
                 # rest: stop it upstream and release the key (a retry runs again).
                 log.info("every client of stream %r left: cancelling it", execution.key)
                 execution.task.cancel()
+            elif left and is_implicit(execution.key) and execution.task is not None:
+                # An SDK's stream without a key: kept for its retry's backoff, then
+                # stopped upstream if nobody came back (gateway/sdk_retries.py).
+                loop = asyncio.get_running_loop()
+                loop.call_later(STREAM_GRACE, _cancel_unread, head, execution)
         elif facts is not None and facts.cost_usd is not None:
             await send_whole(send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd))
         else:

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 from payonce.gateway.request import header
 
-__all__ = ["KEY_PREFIX", "MIN_WINDOW", "SdkAttempt", "implicit_key", "sdk_attempt"]
+__all__ = [
+    "KEY_PREFIX",
+    "MIN_WINDOW",
+    "STREAM_GRACE",
+    "SdkAttempt",
+    "implicit_key",
+    "is_implicit",
+    "sdk_attempt",
+]
 
 RETRY_COUNT = b"x-stainless-retry-count"
 READ_TIMEOUT = b"x-stainless-read-timeout"
@@ -36,6 +44,10 @@ READ_TIMEOUT = b"x-stainless-read-timeout"
 # the same body, which a retry of its own would get anyway.
 KEY_PREFIX = "sdk-attempt:"
 MIN_WINDOW = 60.0
+# How long a first attempt's stream goes on once its client left, for a retry to
+# join it: the SDKs wait at most 8 s between attempts. Then, with nobody reading,
+# it is cancelled upstream (a provider may stop billing), and a later retry runs.
+STREAM_GRACE = 10.0
 # More retries than any SDK makes: a larger count is not an SDK's.
 _MAX_COUNT = 100
 
@@ -88,3 +100,8 @@ def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAtt
 def implicit_key(fingerprint: str) -> str:
     """The record key of every attempt with this fingerprint."""
     return KEY_PREFIX + fingerprint
+
+
+def is_implicit(key: str) -> bool:
+    """Whether ``key`` is an SDK call's record rather than a client's key."""
+    return key.startswith(KEY_PREFIX)
