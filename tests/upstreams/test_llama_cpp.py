@@ -332,9 +332,11 @@ def _timed(direct: openai.OpenAI, model: str) -> tuple[str, float]:
     return content, seconds
 
 
-def test_an_sdk_that_times_out_and_retries_with_a_key_is_billed_one_generation(
-    llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI
-) -> None:
+def _timed_out_and_retried(
+    llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI, *, own_key: bool
+) -> Any:
+    """One SDK call whose attempts time out, through ``gateway``: its answer, once the
+    server is quiet, checked to be a direct call's words from one generation."""
     expected, seconds = _timed(direct, llama.model)
     # Timed again once warm (the prompt already cached, as it is for the gateway's
     # run), the faster of the two: a first timing slowed by a busy neighbour made the
@@ -344,12 +346,19 @@ def test_an_sdk_that_times_out_and_retries_with_a_key_is_billed_one_generation(
     # the run or gets its stored answer (4 retries, 0.4-1 s apart after the first:
     # the fifth attempt's window ends past 1.25 generations + 1.6 s).
     client = gateway.client(timeout=KEYED_TIMEOUT * seconds, max_retries=4)
-    client._idempotency_header = "Idempotency-Key"  # the SDK's own per-call key, now sent
+    if own_key:
+        client._idempotency_header = "Idempotency-Key"  # the SDK's own per-call key, sent
     before = llama.generations()
     answer = client.chat.completions.create(model=llama.model, **LONG)
     assert answer.choices[0].message.content == expected, "the same words as a direct call"
     assert llama.quiet(seconds + 1) == before + 1, "one generation for the call and its retries"
+    return answer
 
+
+def test_an_sdk_that_times_out_and_retries_with_a_key_is_billed_one_generation(
+    llama: LlamaServer, gateway: Gateway, direct: openai.OpenAI
+) -> None:
+    answer = _timed_out_and_retried(llama, gateway, direct, own_key=True)
     lines = gateway.lines(
         lambda line: (
             (line["key"] or "").startswith("stainless-python-retry-")
@@ -369,13 +378,7 @@ def test_without_a_key_the_sdks_retries_are_matched_to_one_generation(
 ) -> None:
     # As the keyed test above, with no key at all: the SDK's x-stainless-retry-count
     # makes each retry join its first attempt's run (docs/gateway.md).
-    expected, seconds = _timed(direct, llama.model)
-    seconds = min(seconds, _timed(direct, llama.model)[1])
-    client = gateway.client(timeout=KEYED_TIMEOUT * seconds, max_retries=4)
-    before = llama.generations()
-    answer = client.chat.completions.create(model=llama.model, **LONG)
-    assert answer.choices[0].message.content == expected, "the same words as a direct call"
-    assert llama.quiet(seconds + 1) == before + 1, "one generation for the call and its retries"
+    answer = _timed_out_and_retried(llama, gateway, direct, own_key=False)
     lines = gateway.lines(
         lambda line: (
             line["sdk_match"] is not None and line["upstream_request_id"] == answer._request_id

@@ -379,12 +379,7 @@ class Gateway:
                 )
         attempt = None
         if key is None and scope["method"] == "POST":
-            settings = self.settings
-            # A window is never longer than --ttl, which bounds every record.
-            if settings.dedupe_identical is not None:
-                attempt = SdkAttempt(1, min(settings.dedupe_identical, settings.ttl), True)
-            elif settings.match_sdk_retries:
-                attempt = sdk_attempt(headers, min(settings.sdk_retry_window, settings.ttl))
+            attempt = sdk_attempt(self.settings, record.client_retry, headers)
         if (key is not None or attempt is not None) and self.in_flight is not None:
             # A slot of --max-inflight-per-tenant, taken before the body is read.
             record.tenant = record.tenant or self.tenant(headers)

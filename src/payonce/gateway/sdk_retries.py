@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from payonce.config import GatewaySettings
 from payonce.gateway.request import header
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "sdk_attempt",
 ]
 
-RETRY_COUNT = b"x-stainless-retry-count"
 READ_TIMEOUT = b"x-stainless-read-timeout"
 # Records of SDK attempts live beside keyed ones, under their fingerprint. A
 # client that sent such a key itself would meet only its own tenant's records of
@@ -74,18 +74,23 @@ class SdkAttempt:
         return "identical" if self.identical else "first" if self.first else "retry"
 
 
-def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAttempt | None:
-    """The attempt ``headers`` declare, or ``None`` when they declare none (or nonsense)."""
-    raw = header(headers, RETRY_COUNT)
-    if raw is None:
+def sdk_attempt(
+    settings: GatewaySettings, retry_count: int | None, headers: list[tuple[bytes, bytes]]
+) -> SdkAttempt | None:
+    """The attempt a request without a key makes, or ``None``: not one to match.
+
+    ``retry_count`` is the ``x-stainless-retry-count`` the call record already
+    read (``CallRecord.client_retry``). A window is never longer than ``--ttl``,
+    which bounds every record.
+    """
+    if settings.dedupe_identical is not None:
+        return SdkAttempt(1, min(settings.dedupe_identical, settings.ttl), identical=True)
+    if not settings.match_sdk_retries or retry_count is None:
         return None
-    try:
-        number = int(raw)
-    except ValueError:
+    if not 0 <= retry_count <= _MAX_COUNT:
         return None
-    if not 0 <= number <= _MAX_COUNT:
-        return None
-    window = min(MIN_WINDOW, max_window)
+    most = min(settings.sdk_retry_window, settings.ttl)
+    window = min(MIN_WINDOW, most)
     declared = header(headers, READ_TIMEOUT)
     if declared is not None:
         try:
@@ -94,7 +99,7 @@ def sdk_attempt(headers: list[tuple[bytes, bytes]], max_window: float) -> SdkAtt
             seconds = 0.0
         if math.isfinite(seconds) and seconds > window:
             window = seconds
-    return SdkAttempt(number, min(window, max_window))
+    return SdkAttempt(retry_count, min(window, most))
 
 
 def implicit_key(fingerprint: str) -> str:

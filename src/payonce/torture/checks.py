@@ -21,6 +21,14 @@ import orjson
 
 from payonce.observe.metrics import status_class
 from payonce.torture.driver import Observation, complete_events_end
+from payonce.torture.excuses import (
+    arrival,
+    expired,
+    explains,
+    faults_during,
+    held_together,
+    record_lives,
+)
 from payonce.torture.nemesis import Played
 from payonce.torture.plan import Call
 
@@ -280,129 +288,6 @@ def _finished_after(line: Mapping[str, Any], left_at: float) -> bool:
     return finished > left_at + _LEFT_SLACK
 
 
-def _explains(played: Played, served: set[int], lease: float, store: str) -> bool:
-    """Whether docs/guarantees.md lets this fault bill a key twice.
-
-    A gateway that served the key killed (its run's lease lapses while the
-    upstream still finishes and bills it), or stopped for two thirds of a lease
-    or more (a renewal can then come too late), or, on SQLite, its disk full as
-    long (its renewals cannot be written); a store held still longer than a
-    lease (a stream's unstored events are kept that long, then the key is
-    released). Shorter stalls and stops, a full disk under any other store (the
-    call log only), and graceful SIGTERM, excuse nothing.
-    """
-    fault = played.fault
-    if fault.kind == "kill":
-        return fault.target in served
-    if fault.kind == "stop" or (fault.kind == "disk" and store == "sqlite"):
-        return fault.target in served and fault.seconds >= lease * 2 / 3
-    if fault.kind == "stall":
-        return fault.seconds > lease
-    return False
-
-
-def _stamp(text: object) -> float:
-    if not isinstance(text, str):
-        return 0.0
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-# After a stop or a stall, a gateway works through what queued meanwhile: a request
-# that waited may be claimed this long after the fault ended.
-_CATCH_UP = 0.5
-
-
-def _arrival(observation: Observation, played: list[Played]) -> float:
-    """The latest moment (wall clock) the gateway may have seen ``observation``'s
-    request: when it was sent, or, if its gateway was stopped or the store held
-    still then, when that fault ended and the gateway caught up (the request
-    waited in a socket or a queue)."""
-    arrival = observation.sent_at
-    for fault in played:
-        kind, target = fault.fault.kind, fault.fault.target
-        holds = kind in ("stall", "disk") or (kind == "stop" and target == observation.call.gateway)
-        if holds and fault.started <= observation.started <= fault.ended:
-            late = fault.ended - observation.started + _CATCH_UP
-            arrival = max(arrival, observation.sent_at + late)
-    return arrival
-
-
-def _lives(
-    observations: list[Observation],
-    bills: list[dict[str, Any]],
-    ttl: float | None,
-    played: list[Played],
-) -> int:
-    """How many generations a key may have been billed: one per life of its record.
-
-    A record lives ``ttl`` after its answer was stored; a call that reaches the
-    gateway after that starts a new business request, as documented. An answer
-    is stored after the upstream finished it, which is when the ledger billed it,
-    so a call that arrived more than ``ttl`` after that bill may have found the
-    record gone (an upper bound: the answer is stored a moment after the bill,
-    and a call may arrive late: :func:`_arrival`). A record that expires while
-    its call still runs is the defect this guards against (a second bill during
-    the first call): it gets no new life.
-    """
-    if ttl is None or not bills:
-        return 1
-    finished = sorted(_stamp(entry.get("finished_at")) for entry in bills)
-    lives = 1
-    expires = finished[0] + ttl
-    for arrived in sorted(_arrival(o, played) for o in observations if o.sent_at):
-        if arrived > expires:
-            lives += 1
-            later = [moment for moment in finished if moment > arrived]
-            if not later:
-                break
-            expires = later[0] + ttl
-    return lives
-
-
-def _expired(sent: float, bills: list[dict[str, Any]], ttl: float) -> bool:
-    """Whether every answer of the key billed before ``sent`` had expired by then."""
-    finished = [_stamp(entry.get("finished_at")) for entry in bills]
-    return all(moment < sent - ttl for moment in finished if moment < sent)
-
-
-def _held_together(
-    played: list[Played], served: set[int], lease: float, store: str
-) -> list[Played]:
-    """Faults that, back to back, kept a gateway that served the key from renewing its
-    lease for two thirds of a lease or longer, though none did alone (the nemesis
-    plays faults one after another: a full disk, then a stop of the same gateway).
-
-    Each gateway's stops (and full disks, on SQLite) and every store stall are
-    joined when less than a renewal period (a third of a lease) lies between them.
-    """
-    for gateway in sorted(served):
-        held = sorted(
-            (p for p in played if _holds_renewals(p, gateway, store)), key=lambda p: p.started
-        )
-        run: list[Played] = []
-        for fault in held:
-            if run and fault.started - max(p.ended for p in run) > lease / 3:
-                run = []
-            run.append(fault)
-            if len(run) > 1 and max(p.ended for p in run) - run[0].started >= lease * 2 / 3:
-                return list(run)
-    return []
-
-
-def _holds_renewals(played: Played, gateway: int, store: str) -> bool:
-    """Whether ``played`` kept ``gateway`` from renewing its leases while it lasted."""
-    kind, target = played.fault.kind, played.fault.target
-    if kind == "stall":
-        return True
-    if kind == "stop" or (kind == "disk" and store == "sqlite"):
-        return target == gateway
-    return False
-
-
-def _faults_during(played: list[Played], start: float, end: float, slack: float) -> list[Played]:
-    return [p for p in played if p.started <= end + slack and p.ended + slack >= start]
-
-
 def _as_read(observation: Observation, by_number: Mapping[int, Observation]) -> bytes:
     """The stream a client has after ``observation``: a resume continues its original's
     whole events (``Last-Event-ID``), so both together must read as one answer."""
@@ -441,7 +326,7 @@ def check(history: History, *, lease: float) -> list[Violation]:
     # billed-once: at most one generation per key, unless a fault explains the second.
     for key, observations in keyed.items():
         count = len(bills.get(key, []))
-        lives = _lives(observations, bills.get(key, []), history.ttl, history.played)
+        lives = record_lives(observations, bills.get(key, []), history.ttl, history.played)
         if lives > 1:
             excused.add(key)  # answers of two lives differ, as they should
             renewed.add(key)
@@ -449,9 +334,9 @@ def check(history: History, *, lease: float) -> list[Violation]:
             continue
         start, end = _window(observations)
         served = {o.call.gateway for o in observations}
-        during = _faults_during(history.played, start, end, slack=3 * lease)
-        faults = [p for p in during if _explains(p, served, lease, history.store)]
-        faults = faults or _held_together(during, served, lease, history.store)
+        during = faults_during(history.played, start, end, slack=3 * lease)
+        faults = [p for p in during if explains(p, served, lease, history.store)]
+        faults = faults or held_together(during, served, lease, history.store)
         numbers = tuple(o.call.number for o in observations)
         if faults:
             kinds = ", ".join(f"{p.fault.kind}#{p.fault.number}" for p in faults)
@@ -472,8 +357,8 @@ def check(history: History, *, lease: float) -> list[Violation]:
         if call.mismatch:
             if call.key in renewed:
                 continue  # its record expired, and a later life may have been released
-            if history.ttl is not None and _expired(
-                _arrival(observation, history.played), bills.get(call.key or "", []), history.ttl
+            if history.ttl is not None and expired(
+                arrival(observation, history.played), bills.get(call.key or "", []), history.ttl
             ):
                 continue  # the record was gone: a new request may use the key
             if observation.status == 200 and _answered_before(
