@@ -70,30 +70,54 @@ class FailoverProxy:
         return None
 
     def _serve(self, client: socket.socket) -> None:
+        # The connection's first bytes are read and counted before a backend is
+        # chosen: a backend dying as it accepts (a killed process's listener
+        # still queues connections until its exit closes it) resets both sides,
+        # and the request the client did send must still be counted.
+        tail = b"\r\n"  # the stream's first request line starts right away
+        try:
+            first = client.recv(_CHUNK)
+        except OSError:
+            first = b""
+        if not first:
+            client.close()
+            return
+        tail = self._counted(tail, first)
         upstream = self._connect()
         if upstream is None:
             client.close()
             return
         upstream.settimeout(None)
-        back = threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True)
+        try:
+            upstream.sendall(first)
+        except OSError:
+            for sock in (client, upstream):
+                sock.close()
+            return
+        back = threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True)
         back.start()
-        self._pipe(client, upstream, True)
+        self._pipe(client, upstream, tail)
         back.join()
 
-    def _pipe(self, source: socket.socket, target: socket.socket, counting: bool) -> None:
-        # Request lines are found in the client's byte stream; the tail of the
-        # previous chunk is kept so that a line split across reads still counts.
+    def _counted(self, tail: bytes, data: bytes) -> bytes:
+        """Count the request lines in ``data``; return the tail to keep for the next read.
+
+        The tail of the previous chunk is kept so that a line split across reads still counts.
+        """
         marker = b"\r\n" + self.counted_prefix
-        tail = b"\r\n"  # the stream's first request line starts right away
+        seen = tail + data
+        found = seen.count(marker)
+        if found:
+            with self._lock:
+                self._count += found
+        return seen[-(len(marker) - 1) :]
+
+    def _pipe(self, source: socket.socket, target: socket.socket, tail: bytes | None) -> None:
+        # ``tail`` is None for the backend's bytes, which are not counted.
         try:
             while data := source.recv(_CHUNK):
-                if counting:
-                    seen = tail + data
-                    found = seen.count(marker)
-                    if found:
-                        with self._lock:
-                            self._count += found
-                    tail = seen[-(len(marker) - 1) :]
+                if tail is not None:
+                    tail = self._counted(tail, data)
                 target.sendall(data)
         except OSError:
             pass
