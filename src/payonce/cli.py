@@ -6,6 +6,7 @@ one line on stderr and exit code 2; nothing prints a traceback for bad input.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -518,6 +519,46 @@ def encryption_key_command(show_ids: bool) -> None:
     fresh = new_key()
     click.echo(fresh)
     click.echo(f"key id: {key_id(parse_keys(fresh, 'key')[0]).hex()}", err=True)
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--gateway",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    envvar="PAYONCE_GATEWAY",
+    help="The gateway's base URL ($PAYONCE_GATEWAY).",
+)
+@click.option(
+    "--key-header",
+    default="Idempotency-Key",
+    show_default=True,
+    help="The header the SDKs send their per-call key in.",
+)
+@click.option(
+    "--base-url/--no-base-url",
+    default=True,
+    show_default=True,
+    help="Set OPENAI_BASE_URL and ANTHROPIC_BASE_URL to the gateway.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run_command(gateway: str, key_header: str, base_url: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND with every openai/anthropic SDK client protected by the gateway.
+
+    \b
+    payonce run -- python app.py
+    payonce run --gateway http://payonce.internal:8080 -- gunicorn app:server
+
+    The SDKs are pointed at the gateway (OPENAI_BASE_URL, ANTHROPIC_BASE_URL)
+    and every client the application builds, copies made by with_options() or
+    copy() included, sends the key its SDK mints per call on every retry of
+    that call (openai 1.x-3.x, anthropic 1.x-2.x). The application is not
+    changed; for a process started another way: import payonce.auto.
+    """
+    from payonce.auto.launch import environment, gateway_url, launch
+
+    env = environment(os.environ, gateway_url(gateway), key_header=key_header, base_urls=base_url)
+    launch(command, env)
 
 
 cli.add_command(sim_command, "sim")

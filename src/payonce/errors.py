@@ -4,6 +4,7 @@
 
     PayonceError
     ├── ConfigError (ValueError)               bad flag, env var or config file: exit code 2
+    │   └── CommandNotFound                    payonce run: no such program: exit code 127
     ├── StorageError (ConnectionError)         a store could not answer; its message is
     │   └── StorageTimeout (TimeoutError)      for the operator's log, never for a caller
     ├── ProblemError                           answered as application/problem+json
@@ -51,6 +52,7 @@ __all__ = [
     "BadQuery",
     "BadRequestTarget",
     "BodyTooLarge",
+    "CommandNotFound",
     "ConfigError",
     "CredentialRequired",
     "ExpectationFailed",
@@ -93,6 +95,12 @@ class ConfigError(PayonceError, ValueError):
     """Invalid configuration. The CLI prints the message on one line and exits 2."""
 
     exit_code = 2
+
+
+class CommandNotFound(ConfigError):
+    """``payonce run`` was given a program that is not on ``PATH`` (exit 127, as a shell)."""
+
+    exit_code = 127
 
 
 class StorageError(PayonceError, ConnectionError):

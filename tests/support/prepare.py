@@ -3,12 +3,13 @@
 ``python -m tests.support.prepare`` (``make test`` runs it before pytest):
 
 1. the Debian packages of the programs the tests run (:data:`tests.support.apt.PROGRAMS`:
-   Redis, Prometheus, gcc, wrk, Chromium, and g++ for step 3), installed with
+   Redis, Prometheus, gcc, wrk, Chromium, and g++ for step 4), installed with
    apt when missing (as root; otherwise a required one missing fails here, an
    optional one is reported and its tests skip);
 2. LiteLLM's virtualenv for ``tests/upstreams/test_litellm.py`` (about 3 minutes
    the first time);
-3. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
+3. older SDK releases for ``tests/client/test_sdk_versions.py`` (seconds: tests/support/sdks.py);
+4. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
    llama-cpp-python: about 15 minutes of CPU on 2 cores, up to 30 on busy ones).
 
 One line per step: what, for which tests, how long it took, and where its log is
@@ -17,7 +18,7 @@ is ready it takes a second or two. On a failure it stops and exits 1 with one
 line: the step, the reason, the log.
 
 Run by pytest itself, without ``make`` (:func:`prepare_for_tests`, called from
-``tests/conftest.py``), steps 2 and 3 are done before the first test when a
+``tests/conftest.py``), steps 2 to 4 are done before the first test when a
 selected test needs them; under xdist by the controller, whose terminal is the
 one that shows it (a worker's output is never shown), before any test is handed
 out. Workers never build llama.cpp: they take what was prepared.
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import apt, litellm, llama_cpp
+from tests.support import apt, litellm, llama_cpp, sdks
 
 __all__ = ["FAILED", "STEPS", "Step", "failed", "main", "prepare_for_tests", "run"]
 
@@ -85,6 +86,15 @@ STEPS = (
         "tests/upstreams/test_litellm.py",
         litellm.LOG,
         _litellm,
+    ),
+    Step(
+        f"older SDK releases ({sdks.HOME.relative_to(ROOT)}: "
+        + ", ".join(f"{sdk.package} {sdk.version}" for sdk in sdks.SDKS)
+        + ")",
+        "payonce run, payonce.auto and protect() on them",
+        "tests/client/test_sdk_versions.py",
+        sdks.LOG,
+        sdks.prepare_all,
     ),
     Step(
         f"llama.cpp's server ({llama_cpp.HOME.relative_to(ROOT)})",

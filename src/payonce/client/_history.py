@@ -78,15 +78,15 @@ def attempt_history(value: object) -> tuple[Attempt, ...]:
     current: object = value
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, httpx2.Response):
-            history = current.extensions.get(EXTENSION)
+        if isinstance(current, httpx2.Response) or _is_httpx_response(current):
+            history = getattr(current, "extensions", {}).get(EXTENSION)
             return history if isinstance(history, tuple) else ()
         found = getattr(current, "payonce_attempts", None)
         if isinstance(found, tuple):
             return found
         response = getattr(current, "response", None)
-        if isinstance(response, httpx2.Response):
-            history = response.extensions.get(EXTENSION)
+        if isinstance(response, httpx2.Response) or _is_httpx_response(response):
+            history = getattr(response, "extensions", {}).get(EXTENSION)
             if isinstance(history, tuple):
                 return history
         if isinstance(current, BaseException):
@@ -94,6 +94,13 @@ def attempt_history(value: object) -> tuple[Attempt, ...]:
         else:
             break
     return ()
+
+
+def _is_httpx_response(value: object) -> bool:
+    # An httpx (not httpx2) response, from protect() on an SDK built on httpx:
+    # payonce does not import httpx to ask.
+    kind = type(value)
+    return kind.__name__ == "Response" and kind.__module__.split(".")[0] == "httpx"
 
 
 def _summary(history: tuple[Attempt, ...]) -> str:

@@ -8,8 +8,10 @@ logical call: one key, the payonce policy, gateway checks after ambiguous
 failures. The original client is left as it was.
 
 Duck-typed: it needs the SDK's ``with_options(max_retries=, http_client=,
-timeout=)`` and its httpx2 client in ``_client``, as both official SDKs have;
-payonce imports neither SDK (the private parts: :mod:`payonce.client._sdk`).
+timeout=)`` and its HTTP client in ``_client``, as both official SDKs have:
+an httpx2 client (openai 3.x, anthropic 2.x) or an httpx one (openai 1.x and
+2.x, anthropic 1.x: :mod:`payonce.client._httpx`). payonce imports neither SDK
+(the private parts: :mod:`payonce.client._sdk`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def protect(
     clock: RetryClock | None = None,
     key_factory: Callable[[], str] | None = None,
     tenant_header: str | None = None,
-    transport: httpx2.BaseTransport | httpx2.AsyncBaseTransport | None = None,
+    transport: object | None = None,
     rng: random.Random | None = None,
 ) -> SDKClient:
     """A copy of an ``openai``/``anthropic`` client (sync or async) retried by payonce.
@@ -58,8 +60,10 @@ def protect(
         client = protect(openai.OpenAI(base_url="http://127.0.0.1:8080/v1"))
 
     The keyword arguments are those of :class:`IdempotentTransport`;
-    ``transport`` is the httpx2 transport that really sends (default: a new
-    ``HTTPTransport`` or ``AsyncHTTPTransport`` with the SDKs' pool limits).
+    ``transport`` is the transport that really sends, of the SDK's HTTP library
+    (httpx2 for openai 3.x and anthropic 2.x, httpx for openai 1.x/2.x and
+    anthropic 1.x; default: a new ``HTTPTransport`` or ``AsyncHTTPTransport``
+    with the SDKs' pool limits).
 
     Timeouts: a timeout set on the client (``openai.OpenAI(timeout=0.5)``,
     anything but the SDK's default) is kept: it becomes the policy's
@@ -93,8 +97,8 @@ def protect(
         "tenant_header": tenant_header,
         "rng": rng,
     }
-    timeout = httpx2.Timeout(policy.read_timeout, connect=policy.connect_timeout)
-    http_client: httpx2.Client | httpx2.AsyncClient
+    timeout: Any = httpx2.Timeout(policy.read_timeout, connect=policy.connect_timeout)
+    http_client: Any
     if isinstance(current, httpx2.AsyncClient):
         inner = transport or httpx2.AsyncHTTPTransport(limits=_LIMITS)
         if not isinstance(inner, httpx2.AsyncBaseTransport):
@@ -113,9 +117,14 @@ def protect(
             timeout=timeout,
             follow_redirects=True,
         )
+    elif _built_on(current, "httpx"):
+        # openai 1.x/2.x, anthropic 1.x: the same transports, bridged (client/_httpx.py).
+        from payonce.client._httpx import http_client_for
+
+        http_client, timeout = http_client_for(current, transport, policy, options)
     else:
         raise TypeError(
-            f"protect() expects an openai or anthropic client built on httpx2, "
+            f"protect() expects an openai or anthropic client built on httpx2 or httpx, "
             f"got {type(client).__name__}"
         )
     protected = sdk.with_options(max_retries=0, http_client=http_client, timeout=timeout)
@@ -127,17 +136,32 @@ def protect(
 def _timeout_set_on(sdk: Any) -> httpx2.Timeout | None:
     """The timeout the application set on an SDK client, or ``None`` for the SDK's default.
 
-    Both SDKs keep it in ``client.timeout`` (a number or an ``httpx2.Timeout``)
-    and export their default as ``DEFAULT_TIMEOUT`` at the package's top level.
+    Both SDKs keep it in ``client.timeout`` (a number, or an httpx2 or httpx
+    ``Timeout``) and export their default as ``DEFAULT_TIMEOUT`` at the
+    package's top level.
     """
     value = getattr(sdk, "timeout", None)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        timeout = httpx2.Timeout(float(value))
-    elif isinstance(value, httpx2.Timeout):
-        timeout = value
-    else:
+    timeout = _as_httpx2(value)
+    if timeout is None:
         return None  # NOT_GIVEN, None (no timeout at all): the policy's apply
     package = sys.modules.get(type(sdk).__module__.split(".")[0])
-    if timeout == getattr(package, "DEFAULT_TIMEOUT", None):
+    if timeout == _as_httpx2(getattr(package, "DEFAULT_TIMEOUT", None)):
         return None
     return timeout
+
+
+def _as_httpx2(value: object) -> httpx2.Timeout | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return httpx2.Timeout(float(value))
+    if isinstance(value, httpx2.Timeout):
+        return value
+    if _built_on(value, "httpx") and type(value).__name__ == "Timeout":
+        parts = {name: getattr(value, name) for name in ("connect", "read", "write", "pool")}
+        return httpx2.Timeout(**parts)
+    return None
+
+
+def _built_on(value: object, package: str) -> bool:
+    """``value``'s class or one of its bases comes from ``package`` (the SDKs subclass
+    httpx's client: ``SyncHttpxClientWrapper``)."""
+    return any(cls.__module__.split(".")[0] == package for cls in type(value).__mro__)

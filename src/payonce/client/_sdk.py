@@ -17,7 +17,7 @@ from typing import Any
 __all__ = ["CHECKED", "PRIVATE", "http_client", "idempotency_header", "set_idempotency_header"]
 
 # Releases the whole suite passed on (uv.lock's, and those before it).
-CHECKED = {"openai": ("3.60.0",), "anthropic": ("2.17.0",)}
+CHECKED = {"openai": ("1.109.1", "2.54.0", "3.60.0"), "anthropic": ("1.17.0", "2.17.0")}
 PRIVATE = ("_client", "_idempotency_header")
 
 
