@@ -57,12 +57,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path
 @pytest.mark.slow
 def test_the_table_and_the_json_summary(demo: tuple[dict[str, Any], Path, str]) -> None:
     summary, _, output = demo
-    assert set(summary["runs"]) == {"A", "B", "C", "D"}
+    assert set(summary["runs"]) == {"A", "B", "C", "D", "E"}
     for figures in summary["runs"].values():
         assert set(figures) >= KEYS
         assert figures["business_requests"] == REQUESTS
     assert "business requests through each stack" in output
-    assert output.count("payonce reconcile --calls") == 4
+    assert output.count("payonce reconcile --calls") == 5
     assert "last hop before the" in output
 
 
@@ -78,6 +78,9 @@ def test_the_usual_stack_bills_duplicates_and_payonce_none(
     assert runs["C"]["success_rate"] < runs["B"]["success_rate"], "the slow tail fails in C"
     assert runs["D"]["duplicate_generations"] > 0, "a retrying proxy below payonce bills again"
     assert runs["A"]["cost_usd"] > runs["B"]["cost_usd"]
+    # Run A's stack, no key anywhere, payonce --dedupe-identical in front of the
+    # provider (issue 31's figure: at most 1.01 billed per business request).
+    assert runs["E"]["billed_generations"] <= REQUESTS * 1.01, runs["E"]
 
 
 @pytest.mark.slow

@@ -32,6 +32,9 @@ C  the article's mitigation: no retries anywhere, a 30 s timeout.
 D  payonce above that retrying proxy: payonce only sees its own upstream calls,
    so the proxy's re-sends bill again. payonce must be the last hop before the
    provider (payonce lint flags retrying nginx, Envoy and LiteLLM configs).
+E  run A's application, SDK and proxy, unchanged and sending no key, with
+   payonce --dedupe-identical between the proxy and the provider: the SDK's
+   retries are matched, the application's and the proxy's re-sends deduplicated.
 Latencies are in the article's time: the demo ran at --time-scale."""
 
 
@@ -113,7 +116,7 @@ async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
               help="Business requests in each run.")  # fmt: skip
 @click.option("--time-scale", type=click.FloatRange(0.01, 1.0), default=0.1, show_default=True,
               help="Every duration times this (0.1: a 10 s timeout lasts 1 s).")  # fmt: skip
-@click.option("--runs", default="A,B,C,D", show_default=True, help="Which runs, e.g. A,B.")
+@click.option("--runs", default="A,B,C,D,E", show_default=True, help="Which runs, e.g. A,B.")
 @click.option("--seed", type=int, default=7, show_default=True, help="The provider's seed.")
 @click.option("--fail-rate", type=click.FloatRange(0, 0.5), default=0.01, show_default=True,
               help="Share of provider calls answered 500 before any work.")  # fmt: skip
@@ -127,7 +130,7 @@ async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
     "--progress/--no-progress", default=None, help="Progress bars (default: on a terminal)."
 )
 def demo_command(**options: Any) -> None:
-    """Replay the article's incident: four stacks, the same requests, one bill each.
+    """Replay the article's incident: five stacks, the same requests, one bill each.
 
     Real processes on free local ports: the simulated provider (lognormal latency,
     p50 4 s, p99 30 s), a retrying proxy, the payonce gateway, and the official

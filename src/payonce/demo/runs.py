@@ -1,4 +1,4 @@
-"""The four stacks the demo runs, and running one of them.
+"""The five stacks the demo runs, and running one of them.
 
 =====  ===================================  ======================================
 run    stack (application → … → provider)   what it shows
@@ -12,6 +12,9 @@ C      app (1) → SDK (no retries, 30 s)     the article's mitigation: no waste
        → provider                           but the slow tail fails
 D      as B, but payonce → retrying proxy   payonce is not the last hop: the
        → provider                           proxy's re-sends bill again
+E      as A, no key anywhere, with payonce  no code at all: the SDK's retries are
+       (--dedupe-identical) between the     matched, the app's and the proxy's
+       proxy and the provider               re-sends deduplicated
 =====  ===================================  ======================================
 
 Durations are the article's, multiplied by ``time_scale`` when the processes
@@ -55,7 +58,7 @@ class DemoConfig:
     mitigation_timeout: float = 30.0
     concurrency: int = 50
     seed: int = 7
-    runs: tuple[str, ...] = ("A", "B", "C", "D")
+    runs: tuple[str, ...] = ("A", "B", "C", "D", "E")
     output: Path = field(default_factory=lambda: Path("payonce-demo"))
 
 
@@ -70,6 +73,7 @@ class RunSpec:
     sdk_retries: int
     app_attempts: int
     mitigation: bool = False  # the article's fix: no retries, the long timeout
+    dedupe: bool = False  # payonce --dedupe-identical: re-sends nothing numbers
 
 
 RUNS = {
@@ -77,7 +81,14 @@ RUNS = {
     "B": RunSpec("B", "payonce", ("payonce",), True, 2, 2),
     "C": RunSpec("C", "no retries", (), False, 0, 1, mitigation=True),
     "D": RunSpec("D", "proxy below payonce", ("payonce", "proxy"), True, 2, 2),
+    "E": RunSpec("E", "no key, payonce", ("proxy", "payonce"), False, 2, 2, dedupe=True),
 }
+
+# How long an identical request counts as a re-send in run E, in the article's
+# seconds: longer than a business request's every attempt (2 app attempts x 3
+# SDK attempts x 10 s, and the backoffs), far shorter than the gap between two
+# business requests that could share a body (none do here: each names its id).
+DEDUPE_WINDOW = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +130,12 @@ async def _upstream(
             else:
                 # The gateway's own wait for a running duplicate, scaled like the rest.
                 url = await hops.enter_async_context(
-                    stack.gateway(folder, url, wait_timeout=max(0.1, 60 * scale))
+                    stack.gateway(
+                        folder,
+                        url,
+                        wait_timeout=max(0.1, 60 * scale),
+                        dedupe_window=DEDUPE_WINDOW * scale if spec.dedupe else None,
+                    )
                 )
         yield url, sim_url
 

@@ -92,13 +92,18 @@ async def retrying_proxy(
 
 
 @contextlib.asynccontextmanager
-async def gateway(folder: Path, upstream: str, *, wait_timeout: float) -> AsyncIterator[str]:
-    """``payonce serve`` in front of ``upstream``, with its call log in ``folder``."""
+async def gateway(
+    folder: Path, upstream: str, *, wait_timeout: float, dedupe_window: float | None = None
+) -> AsyncIterator[str]:
+    """``payonce serve`` in front of ``upstream``, with its call log in ``folder``
+    (``dedupe_window``: ``--dedupe-identical`` for that many seconds)."""
     port = free_port()
     args = ["-m", "payonce", "serve", "--upstream", upstream, "--port", str(port)]
     args += ["--store", f"sqlite:///{folder / 'payonce.db'}"]
     args += ["--call-log", str(folder / "calls.jsonl"), "--log-level", "warning"]
     args += ["--wait-timeout", f"{wait_timeout}s", "--no-otel"]
+    if dedupe_window is not None:
+        args += ["--dedupe-identical", f"{dedupe_window}s"]
     url = f"http://127.0.0.1:{port}"
     async with _process(args, url + "/_payonce/health", folder / "gateway.log"):
         yield url
