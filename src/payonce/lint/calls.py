@@ -169,7 +169,7 @@ def _spelled_out(call: ast.Call, spread: SpreadLookup) -> ast.Call:
 def _recognise(
     call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
 ) -> LlmCall | None:
-    qualified = names.qualify(call.func)
+    qualified = _litellm_alias(names.qualify(call.func))
     if qualified in _LITELLM_FUNCTIONS:
         return _litellm(call, qualified, names, value_of)
     if qualified in _LEGACY_OPENAI:
@@ -179,6 +179,20 @@ def _recognise(
             return _http_post(call, names, value_of)
         return _method_call(call, names, client_of, value_of)
     return None
+
+
+def _litellm_alias(qualified: str | None) -> str | None:
+    """``aider.llm.litellm.completion`` -> ``litellm.completion``.
+
+    aider imports LiteLLM through a lazy wrapper, ``from aider.llm import litellm``:
+    a module imported as ``litellm`` is taken to be LiteLLM.
+    """
+    if qualified is None:
+        return None
+    parts = qualified.split(".")
+    if len(parts) > 2 and parts[-2] == "litellm":
+        return "litellm." + parts[-1]
+    return qualified
 
 
 def _method_call(

@@ -33,7 +33,7 @@ def recursion_layer(
         if not isinstance(node, ast.Try | ast.TryStar):
             continue
         for handler in node.handlers:
-            for call in iter_calls(handler.body):
+            for call in _unconditional_calls(handler.body):
                 if _reaches(call, id(function), resolve, functions):
                     return RetryLayer(
                         RECURSION_KIND,
@@ -59,5 +59,23 @@ def _reaches(
     helper = functions.get(callee)
     # One helper deep: _handle_execution_error(...) -> return self.execute_task(...).
     return helper is not None and any(
-        resolve(inner.func) == target for inner in iter_calls(helper.body)
+        resolve(inner.func) == target for inner in _unconditional_calls(helper.body)
     )
+
+
+def _unconditional_calls(body: list[ast.stmt]) -> list[ast.Call]:
+    """Calls in ``body``'s own statements, not under an ``if``, loop or nested ``try``.
+
+    crewAI's ``LLM.call`` re-calls itself only ``if unsupported_stop:``, after a
+    400 that billed nothing and with ``stop`` dropped: a fallback for one
+    error, not a retry of every failure. A guard that raises first (``if
+    attempts > limit: raise``) leaves the call itself unconditional.
+    """
+    calls: list[ast.Call] = []
+    for statement in body:
+        if isinstance(
+            statement, ast.If | ast.For | ast.AsyncFor | ast.While | ast.Try | ast.TryStar
+        ):
+            continue
+        calls += iter_calls(statement)
+    return calls

@@ -411,7 +411,11 @@ def _has_double_star(call: ast.Call) -> bool:
     return any(keyword.arg is None for keyword in call.keywords)
 
 
-LLM_PATH = re.compile(r"/(?:v1/)?(?:chat/completions|completions|messages|responses)\b")
+# ``/v1/messages`` only right after the base URL: Lark's ``/open-apis/im/v1/messages``
+# and WhatsApp's ``/{phone_id}/messages`` are chat APIs, not Anthropic's.
+LLM_PATH = re.compile(
+    r"/(?:v1/)?(?:chat/completions|completions|responses)\b|(?:^|://[^/]+|\})/v1/messages\b"
+)
 LLM_HOST = re.compile(
     r"(?:api\.openai\.com|openai\.azure\.com|api\.anthropic\.com|generativelanguage\.googleapis"
     r"|api\.mistral\.ai|api\.groq\.com|api\.together\.xyz|api\.deepseek\.com|openrouter\.ai)",
