@@ -214,3 +214,43 @@ def test_litellm_proxy_wide_num_retries_silences_the_default() -> None:
         if "router_settings" in t
     ]
     assert "3 x 1 (proxy SDK) x 3 (callers' default max_retries=2) = 9 billed calls" in text
+
+
+def test_a_copied_client_has_lost_its_key() -> None:
+    (copied, inline) = messages(FIXTURES / "python/copied_clients.py", "PO202")
+    assert "dropped by with_options()/copy() on line 21" in copied
+    assert "dropped by with_options()/copy() on line 26" in inline
+    assert "up to 6 times" in inline  # copy(max_retries=5)
+    assert "`payonce run`" in copied and "protect()" in copied
+
+
+def test_langchain_advice_points_at_the_sdk_client() -> None:
+    (text,) = messages(FIXTURES / "python/langchain_keys.py", "PO202")
+    assert "`llm._idempotency_header` on line 10 sets an attribute" in text
+    assert '`llm.root_client._idempotency_header = "Idempotency-Key"`' in text
+    assert "http_client=" in text
+
+
+def test_litellm_own_retries_are_counted() -> None:
+    (own, sdk) = messages(FIXTURES / "python/litellm_retries.py", "PO202")
+    assert "num_retries=4" in own and "up to at least 5 times" in own
+    assert "max_retries=2" in sdk and "up to 3 times" in sdk
+
+
+def test_agents_runner_retries_are_counted() -> None:
+    (first, second, third) = messages(FIXTURES / "python/agents_retry.py", "PO201")
+    assert "(5 attempts)" in first and "with_options(max_retries=0)" in first
+    assert "(3 attempts)" in second
+    assert "(2 attempts)" in third
+
+
+def test_a_retry_by_recursion_is_one_layer() -> None:
+    (method, function) = messages(FIXTURES / "python/recursive_retry.py", "PO201")
+    assert "recursive call from an except handler on line 13" in method
+    assert "recursive call from an except handler on line 28" in function
+
+
+def test_a_spread_built_here_is_read() -> None:
+    (text,) = messages(FIXTURES / "python/kwargs_headers.py", "PO201")
+    assert text.startswith("17: litellm.completion()")
+    assert "while-loop retry on line 21" in text

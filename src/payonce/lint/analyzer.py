@@ -22,10 +22,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from payonce.lint.agents_sdk import runner_retry_message
 from payonce.lint.calls import LlmCall, recognise
 from payonce.lint.findings import Finding
 from payonce.lint.keypaths import KeyPaths, key_paths
 from payonce.lint.names import ModuleNames, dotted, iter_calls, walk_local
+from payonce.lint.recursion import RECURSION_KIND, recursion_layer
 from payonce.lint.retries import (
     RetryLayer,
     decorator_layers,
@@ -43,6 +45,7 @@ from payonce.lint.sdk import (
     is_deriving_call,
     protected_client,
 )
+from payonce.lint.spread import spread_keywords
 from payonce.lint.stacks import worst_stack
 from payonce.lint.timeouts import check_timeout
 from payonce.lint.verdicts import judge_call
@@ -284,13 +287,27 @@ class _Analyzer:
                 self.module_client, max_retries=retries, retries_given=True
             )
             return
-        client = self._client_of(target.value)
-        key = self._target_key(target.value)
+        owner = target.value
+        wrapped = _wrapped_sdk_client(owner)
+        if wrapped is not None and target.attr == "_idempotency_header":
+            # llm.root_client._idempotency_header = ...: the SDK client a LangChain
+            # wrapper calls, so the wrapper's calls send the key.
+            base = self._client_of(wrapped)
+            if base is not None and base.kind is ClientKind.LANGCHAIN:
+                owner = wrapped
+        client = self._client_of(owner)
+        key = self._target_key(owner)
         if client is None or key is None:
             return
         if target.attr == "_idempotency_header":
             sends = not (isinstance(value, ast.Constant) and value.value is None)
-            self.clients[key] = replace(client, sends_sdk_key=sends)
+            if client.kind is ClientKind.LANGCHAIN and owner is target.value:
+                # The wrapper has no such attribute of its own: nothing reads it.
+                self.clients[key] = replace(client, wrapper_header_line=target.lineno)
+                return
+            self.clients[key] = replace(
+                client, sends_sdk_key=sends, header_attribute=sends, lost_key_line=None
+            )
         else:
             retries = self.names.integer(value)
             self.clients[key] = replace(client, max_retries=retries, retries_given=True)
@@ -343,6 +360,9 @@ class _Analyzer:
         saved = self.layers
         self.layers = tuple(decorator_layers(function, self.names))
         self.stack.append(function)
+        recursion = recursion_layer(function, self._local_function, self.function_nodes)
+        if recursion is not None:
+            self.layers = (*self.layers, recursion)
         for statement in function.body:
             self._walk(statement)
         self.stack.pop()
@@ -389,6 +409,9 @@ class _Analyzer:
             self._check_client_timeout(call, client)
         if self.names.qualify(call.func) == "asyncio.wait_for":
             self._check_wait_for(call)
+        runner_retry = runner_retry_message(call, self.names)
+        if runner_retry is not None:
+            self._add(call, "PO201", runner_retry)
         llm = self._recognise(call)
         if llm is not None:
             self._record_site(llm)
@@ -410,7 +433,16 @@ class _Analyzer:
         return None
 
     def _recognise(self, call: ast.Call) -> LlmCall | None:
-        return recognise(call, self.names, self._client_of, self._value_of, self._key_paths)
+        return recognise(
+            call, self.names, self._client_of, self._value_of, self._key_paths, self._spread
+        )
+
+    def _spread(self, call: ast.Call, name: str) -> list[ast.keyword] | None:
+        """The keywords ``**name`` passes to ``call``, when this function builds ``name``."""
+        scope = self._function_scope()
+        if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            return None
+        return spread_keywords(scope, name, self.names)
 
     def _key_paths(self, call: ast.Call, name: str) -> KeyPaths | None:
         """On which paths to ``call`` the headers variable ``name`` holds a key."""
@@ -533,7 +565,11 @@ class _Analyzer:
         loops = [layer for layer in self.layers if "loop" in layer.kind or "while" in layer.kind]
         if loops and handler_goes_round(handler):
             return f"goes round the {loops[-1].kind} on line {loops[-1].line}"
-        function_layers = [layer for layer in self.layers if layer.region == id(self.stack[-1])]
+        function_layers = [
+            layer
+            for layer in self.layers
+            if layer.region == id(self.stack[-1]) and layer.kind != RECURSION_KIND
+        ]
         if function_layers and handler.body and isinstance(handler.body[-1], ast.Raise):
             layer = function_layers[0]
             return f"re-raises into {layer.kind} on line {layer.line}"
@@ -559,7 +595,7 @@ class _Analyzer:
         for site in self.sites:
             if site.function not in incoming_cache:
                 incoming_cache[site.function] = self._incoming(site.function, frozenset())
-            stacks = [(*outer, *site.layers) for outer in incoming_cache[site.function]]
+            stacks = [_once((*outer, *site.layers)) for outer in incoming_cache[site.function]]
             callers_retry = any(incoming_cache[site.function])
             fresh = site.fresh_key or (site.fresh_key_in_function and callers_retry)
             for code, message in judge_call(site.call, worst_stack(stacks), fresh_key=fresh):
@@ -571,6 +607,28 @@ class _Analyzer:
         end_line = getattr(node, "end_lineno", None) or line
         end_column = (getattr(node, "end_col_offset", None) or column - 1) + 1
         self.findings.append(Finding(self.path, line, column, code, message, end_line, end_column))
+
+
+def _once(layers: tuple[RetryLayer, ...]) -> tuple[RetryLayer, ...]:
+    """A stack without repeats: a layer reached again round a cycle of calls (a retry by
+    recursion re-entering its own function) is the same layer, not one more."""
+    seen: set[RetryLayer] = set()
+    unique = []
+    for layer in layers:
+        if layer not in seen:
+            seen.add(layer)
+            unique.append(layer)
+    return tuple(unique)
+
+
+_WRAPPED_SDK_CLIENTS = frozenset({"root_client", "root_async_client", "client", "async_client"})
+
+
+def _wrapped_sdk_client(node: ast.expr) -> ast.expr | None:
+    """``llm`` in ``llm.root_client``: the LangChain wrapper whose SDK client this is."""
+    if isinstance(node, ast.Attribute) and node.attr in _WRAPPED_SDK_CLIENTS:
+        return node.value
+    return None
 
 
 def _parameters(scope: _Scope) -> set[str]:

@@ -30,7 +30,7 @@ from payonce.lint.sdk import (
     looks_like_llm_url,
 )
 
-__all__ = ["KeyPathLookup", "KeyState", "LlmCall", "recognise"]
+__all__ = ["KeyPathLookup", "KeyState", "LlmCall", "SpreadLookup", "recognise"]
 
 _LITELLM_FUNCTIONS = frozenset(
     {
@@ -116,7 +116,15 @@ ValueLookup = Callable[[str], tuple[ast.expr | None, frozenset[str]]]
 KeyPathLookup = Callable[[ast.Call, str], KeyPaths | None]
 
 
+# (call, name of a **spread) -> the keywords it passes; None: cannot tell.
+SpreadLookup = Callable[[ast.Call, str], list[ast.keyword] | None]
+
+
 def _no_paths(call: ast.Call, name: str) -> KeyPaths | None:
+    return None
+
+
+def _no_spread(call: ast.Call, name: str) -> list[ast.keyword] | None:
     return None
 
 
@@ -126,18 +134,42 @@ def recognise(
     client_of: ClientLookup,
     value_of: ValueLookup,
     key_paths: KeyPathLookup = _no_paths,
+    spread: SpreadLookup = _no_spread,
 ) -> LlmCall | None:
-    """The :class:`LlmCall` that ``call`` is, or None."""
-    llm = _recognise(call, names, client_of, value_of)
+    """The :class:`LlmCall` that ``call`` is, or None.
+
+    ``f(**kwargs)`` with a ``kwargs`` the function builds itself is read as the
+    keywords it holds (:mod:`payonce.lint.spread`).
+    """
+    llm = _recognise(_spelled_out(call, spread), names, client_of, value_of)
     if llm is None:
         return None
-    return _on_every_path(llm, names, key_paths)
+    return _on_every_path(replace(llm, node=call), names, key_paths)
+
+
+def _spelled_out(call: ast.Call, spread: SpreadLookup) -> ast.Call:
+    """``call`` with each readable ``**name`` replaced by the keywords it passes."""
+    if not _has_double_star(call):
+        return call
+    keywords: list[ast.keyword] = []
+    for keyword in call.keywords:
+        if keyword.arg is None and isinstance(keyword.value, ast.Name):
+            found = spread(call, keyword.value.id)
+            if found is None:
+                return call
+            keywords += found
+        elif keyword.arg is None:
+            return call
+        else:
+            keywords.append(keyword)
+    spelled = ast.Call(func=call.func, args=call.args, keywords=keywords)
+    return ast.copy_location(spelled, call)
 
 
 def _recognise(
     call: ast.Call, names: ModuleNames, client_of: ClientLookup, value_of: ValueLookup
 ) -> LlmCall | None:
-    qualified = names.qualify(call.func)
+    qualified = _litellm_alias(names.qualify(call.func))
     if qualified in _LITELLM_FUNCTIONS:
         return _litellm(call, qualified, names, value_of)
     if qualified in _LEGACY_OPENAI:
@@ -147,6 +179,20 @@ def _recognise(
             return _http_post(call, names, value_of)
         return _method_call(call, names, client_of, value_of)
     return None
+
+
+def _litellm_alias(qualified: str | None) -> str | None:
+    """``aider.llm.litellm.completion`` -> ``litellm.completion``.
+
+    aider imports LiteLLM through a lazy wrapper, ``from aider.llm import litellm``:
+    a module imported as ``litellm`` is taken to be LiteLLM.
+    """
+    if qualified is None:
+        return None
+    parts = qualified.split(".")
+    if len(parts) > 2 and parts[-2] == "litellm":
+        return "litellm." + parts[-1]
+    return qualified
 
 
 def _method_call(

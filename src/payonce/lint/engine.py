@@ -149,8 +149,10 @@ def _sniff(path: str, text: str) -> FileKind:
 # The analyzer only reports around LLM calls, and it can only recognise one in
 # a module that imports an LLM SDK or spells an LLM URL. Modules with neither
 # are only parsed (for PO901): most of a code base, and most of the run time.
+# The Agents SDK's ModelSettings(retry=...) is a retry layer of its own.
 _MAY_CALL_AN_LLM = re.compile(
-    rb"openai|anthropic|litellm|langchain|/(?:v1/)?(?:chat/completions|completions|messages|responses)\b"
+    rb"openai|anthropic|litellm|langchain|Model(?:Retry)?Settings"
+    rb"|/(?:v1/)?(?:chat/completions|completions|messages|responses)\b"
 )
 
 

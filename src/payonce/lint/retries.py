@@ -101,11 +101,32 @@ def loop_layer(loop: ast.For | ast.AsyncFor | ast.While, names: ModuleNames) -> 
     return RetryLayer(kind, loop.lineno, attempts, detail, id(loop))
 
 
+# 4xx rejections: the provider generated nothing and billed nothing. A loop that
+# goes round only after one (litellm re-sending without the params a model
+# refused) changes the request and does not re-bill.
+_REJECTIONS = frozenset(
+    {"UnprocessableEntityError", "BadRequestError", "ContextWindowExceededError"}
+)
+
+
 def handler_goes_round(handler: ast.ExceptHandler) -> bool:
     """Whether an ``except`` block lets its loop run the next iteration."""
+    if _only_rejections(handler.type):
+        return False
     if any(isinstance(node, ast.Continue) for node in _shallow(handler.body)):
         return True
     return not handler.body or not isinstance(handler.body[-1], _TERMINAL)
+
+
+def _only_rejections(caught: ast.expr | None) -> bool:
+    if caught is None:
+        return False
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    return all(
+        isinstance(name, ast.Name | ast.Attribute)
+        and (name.attr if isinstance(name, ast.Attribute) else name.id) in _REJECTIONS
+        for name in names
+    )
 
 
 def _decorator_layer(

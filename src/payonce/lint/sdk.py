@@ -169,6 +169,13 @@ class ClientInfo:
     # Not constructed in the module: "parameter `client: openai.OpenAI`". Its
     # retries are the SDK's defaults, assumed since nothing here says otherwise.
     origin: str | None = None
+    # The key comes from ``client._idempotency_header = ...``: an attribute that
+    # with_options()/copy() do not carry over (the SDK's __init__ resets it).
+    header_attribute: bool = False
+    # The line of the with_options()/copy() that dropped that attribute.
+    lost_key_line: int | None = None
+    # ``llm._idempotency_header = ...`` on a LangChain wrapper, which never reads it.
+    wrapper_header_line: int | None = None
 
     @property
     def label(self) -> str:
@@ -321,10 +328,17 @@ def derive_client(base: ClientInfo, call: ast.Call, names: ModuleNames) -> Clien
     """``client.with_options(max_retries=0)``, ``llm.with_retry(...)`` and similar copies."""
     method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
     if method in {"with_options", "copy"}:
+        copied = base
+        if base.header_attribute:
+            # A new client: its __init__ sets _idempotency_header = None. The
+            # http_client (protect(), IdempotentTransport) is handed over and survives.
+            copied = replace(
+                base, sends_sdk_key=False, header_attribute=False, lost_key_line=call.lineno
+            )
         given = _keyword(call, "max_retries")
         if given is not None:
-            return replace(base, max_retries=names.integer(given), retries_given=True)
-        return base
+            return replace(copied, max_retries=names.integer(given), retries_given=True)
+        return copied
     if method == "with_retry":
         attempts_node = _keyword(call, "stop_after_attempt")
         # LangChain's Runnable.with_retry defaults to stop_after_attempt=3.
@@ -397,7 +411,11 @@ def _has_double_star(call: ast.Call) -> bool:
     return any(keyword.arg is None for keyword in call.keywords)
 
 
-LLM_PATH = re.compile(r"/(?:v1/)?(?:chat/completions|completions|messages|responses)\b")
+# ``/v1/messages`` only right after the base URL: Lark's ``/open-apis/im/v1/messages``
+# and WhatsApp's ``/{phone_id}/messages`` are chat APIs, not Anthropic's.
+LLM_PATH = re.compile(
+    r"/(?:v1/)?(?:chat/completions|completions|responses)\b|(?:^|://[^/]+|\})/v1/messages\b"
+)
 LLM_HOST = re.compile(
     r"(?:api\.openai\.com|openai\.azure\.com|api\.anthropic\.com|generativelanguage\.googleapis"
     r"|api\.mistral\.ai|api\.groq\.com|api\.together\.xyz|api\.deepseek\.com|openrouter\.ai)",

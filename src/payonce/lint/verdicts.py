@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from payonce.lint.calls import KeyState, LlmCall
 from payonce.lint.retries import RetryLayer
-from payonce.lint.sdk import ClientKind
+from payonce.lint.sdk import ClientInfo, ClientKind
 from payonce.lint.stacks import describe_stack
 
 __all__ = ["judge_call"]
@@ -84,11 +84,52 @@ def judge_call(
         add(
             "PO202",
             f"{llm.what} through {client.label} ({client.describe_retries()}) re-sends"
-            f" up to {llm.sdk_attempts} times without an idempotency key{llm.key_gap}: set"
-            ' client._idempotency_header = "Idempotency-Key" (behind payonce) or'
-            " max_retries=0",
+            f" up to {llm.sdk_attempts} times without an idempotency key{llm.key_gap}"
+            f"{_why_no_key(client)}: {_sdk_key_fix(client)}",
         )
+    if client is None and llm.what.startswith("litellm.") and llm.unkeyed:
+        attempts = llm.sdk_attempts
+        if (attempts or llm.sdk_floor) > 1:
+            count = str(attempts) if attempts is not None else f"at least {llm.sdk_floor}"
+            add(
+                "PO202",
+                f"{llm.what} ({llm.sdk_detail}) sends each call up to {count} times without"
+                f" an idempotency key{llm.key_gap}: every retry LiteLLM or the provider SDK"
+                " makes is a new generation, billed again; pass"
+                ' extra_headers={"Idempotency-Key": key} with a key made once per request'
+                " (LiteLLM re-sends it on its retries), or num_retries=0 and max_retries=0",
+            )
     return verdicts
+
+
+def _why_no_key(client: ClientInfo) -> str:
+    if client.lost_key_line is not None:
+        return (
+            f" (the _idempotency_header set on it is dropped by with_options()/copy() on"
+            f" line {client.lost_key_line}: the copy is a new client, whose __init__ resets it)"
+        )
+    if client.wrapper_header_line is not None:
+        return (
+            f" (`{client.name}._idempotency_header` on line {client.wrapper_header_line} sets"
+            " an attribute the LangChain wrapper never reads)"
+        )
+    return ""
+
+
+def _sdk_key_fix(client: ClientInfo) -> str:
+    if client.kind is ClientKind.LANGCHAIN:
+        return (
+            "its calls go through the SDK client it builds, so set"
+            f' `{client.name}.root_client._idempotency_header = "Idempotency-Key"` (and'
+            " root_async_client's), pass http_client=/http_async_client= built on payonce's"
+            " IdempotentTransport, run the app under `payonce run` (or `import payonce.auto`),"
+            " or max_retries=0"
+        )
+    return (
+        'set client._idempotency_header = "Idempotency-Key" behind payonce (on every'
+        " with_options()/copy() too, which drop it), run the app under `payonce run` (or"
+        " `import payonce.auto`), wrap the client in protect(), or max_retries=0"
+    )
 
 
 def _attempts(layers: tuple[RetryLayer, ...]) -> list[int | None]:
