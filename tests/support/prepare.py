@@ -3,13 +3,15 @@
 ``python -m tests.support.prepare`` (``make test`` runs it before pytest):
 
 1. the Debian packages of the programs the tests run (:data:`tests.support.apt.PROGRAMS`:
-   Redis, Prometheus, gcc, wrk, Chromium, and g++ for step 4), installed with
+   Redis, Prometheus, gcc, wrk, Chromium, and g++ for step 5), installed with
    apt when missing (as root; otherwise a required one missing fails here, an
    optional one is reported and its tests skip);
 2. LiteLLM's virtualenv for ``tests/upstreams/test_litellm.py`` (about 3 minutes
    the first time);
 3. older SDK releases for ``tests/client/test_sdk_versions.py`` (seconds: tests/support/sdks.py);
-4. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
+4. the frameworks of docs/recipes.md for ``tests/recipes/`` (two virtualenvs and
+   the openai Node SDK: about a minute the first time, ``tests/support/frameworks.py``);
+5. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
    llama-cpp-python: about 15 minutes of CPU on 2 cores, up to 30 on busy ones).
 
 One line per step: what, for which tests, how long it took, and where its log is
@@ -18,7 +20,7 @@ is ready it takes a second or two. On a failure it stops and exits 1 with one
 line: the step, the reason, the log.
 
 Run by pytest itself, without ``make`` (:func:`prepare_for_tests`, called from
-``tests/conftest.py``), steps 2 to 4 are done before the first test when a
+``tests/conftest.py``), steps 2 to 5 are done before the first test when a
 selected test needs them; under xdist by the controller, whose terminal is the
 one that shows it (a worker's output is never shown), before any test is handed
 out. Workers never build llama.cpp: they take what was prepared.
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import apt, litellm, llama_cpp, sdks
+from tests.support import apt, frameworks, litellm, llama_cpp, sdks
 
 __all__ = ["FAILED", "STEPS", "Step", "failed", "main", "prepare_for_tests", "run"]
 
@@ -73,6 +75,13 @@ def _litellm(say: Say) -> str:
     return "installed" if litellm.prepare(say).created else "ready"
 
 
+def _recipes(what: frameworks.VirtualEnv | frameworks.NodeSDK) -> Callable[[Say], str]:
+    def make(say: Say) -> str:
+        return "installed" if frameworks.prepare(what, say).created else "ready"
+
+    return make
+
+
 def _llama(say: Say) -> str:
     made = llama_cpp.prepare(say)
     return "built and installed" if made.built else "installed" if made.made else "ready"
@@ -86,6 +95,20 @@ STEPS = (
         "tests/upstreams/test_litellm.py",
         litellm.LOG,
         _litellm,
+    ),
+    *(
+        Step(
+            f"{what.name} for the recipes ({what.home.relative_to(ROOT)})",
+            "docs/recipes.md, run end to end",
+            tests,
+            what.log,
+            _recipes(what),
+        )
+        for what, tests in (
+            (frameworks.FRAMEWORKS, "tests/recipes/test_frameworks.py"),
+            (frameworks.OPENAI2, "tests/recipes/test_openai2_frameworks.py"),
+            (frameworks.NODE, "tests/recipes/test_node_sdk.py"),
+        )
     ),
     Step(
         f"older SDK releases ({sdks.HOME.relative_to(ROOT)}: "
