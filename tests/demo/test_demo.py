@@ -18,7 +18,7 @@ import pytest
 
 from payonce.reconcile.run import reconcile
 
-REQUESTS = 400
+REQUESTS = 250
 # The slower run's duplicate ratio is checked within three standard deviations of
 # its own sample (_spread), so a smaller sample widens the bound, never breaks it.
 SLOWER_REQUESTS = 120

@@ -146,8 +146,14 @@ def test_langchain_with_retry_bills_each_attempt_unless_deduped_or_keyed(
     assert bills(sim) == 1
 
 
+# One framework's baseline is enough to show the timeouts force every layer's
+# retries (the others' figures in docs/recipes.md were measured once by hand with
+# this test: 90 s of the suite's 15 minutes).
+BASELINES = ["litellm"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", BASELINES)
 def test_without_payonce_every_attempt_is_billed(
     name: str, python: Path, sim: Sim, tmp_path: Path
 ) -> None:
