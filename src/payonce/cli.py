@@ -113,7 +113,16 @@ def cli() -> None:
     envvar=_env("store"),
     default="sqlite:///./payonce.db",
     show_default=True,
-    help="memory://, sqlite:///path.db, redis://host:port/db or redis+cluster://host:port",
+    help="memory://, sqlite:///path.db, redis://host:port/db, redis+cluster://host:port"
+    " or postgresql://user@host:port/db (password: PAYONCE_STORE_PASSWORD or ~/.pgpass)",
+)
+@click.option(
+    "--migrate/--no-migrate",
+    envvar=_env("migrate"),
+    default=True,
+    show_default=True,
+    help="PostgreSQL: apply the schema at start-up (under an advisory lock), or only check"
+    " it (applied out of band with payonce migrate).",
 )
 @click.option(
     "--encryption-key-file",
@@ -468,6 +477,46 @@ def serve_command(**options: Any) -> None:
         run_workers(settings)
     else:
         run(settings)
+
+
+@cli.command("migrate")
+@click.option(
+    "--store",
+    envvar=_env("store"),
+    required=True,
+    help="The PostgreSQL store: postgresql://user@host:port/db.",
+)
+def migrate_command(store: str) -> None:
+    """Apply payonce's schema to a PostgreSQL store, then exit (for serve --no-migrate).
+
+    \b
+    PAYONCE_STORE_PASSWORD=... payonce migrate --store postgresql://payonce@db/payonce
+
+    Safe to run while gateways serve, and from several places at once: the
+    migrations run under an advisory lock, each in one transaction. SQLite and
+    Redis stores need none (SQLite migrates its file when it opens it).
+    """
+    import asyncio
+
+    from payonce.store.postgres import SCHEMES, PostgresStore
+
+    if store.partition("://")[0] not in SCHEMES:
+        raise ConfigError("migrate: --store must be a postgresql:// URL (the others need none)")
+
+    async def apply() -> list[int]:
+        target = PostgresStore(store, migrate=True)
+        try:
+            return await target.prepare()
+        finally:
+            await target.close()
+
+    from payonce.store.postgres.schema import SCHEMA_VERSION
+
+    applied = asyncio.run(apply())
+    if applied:
+        click.echo(f"schema {SCHEMA_VERSION}: applied {', '.join(map(str, applied))}")
+    else:
+        click.echo(f"schema {SCHEMA_VERSION}: up to date")
 
 
 @cli.command("tenant-id")

@@ -135,6 +135,8 @@ class GatewaySettings:
     # A keyed request while the store cannot answer: 503 ("closed") or forwarded
     # unprotected ("open"): availability over the promise of one run per key.
     on_store_failure: str = "closed"
+    # PostgreSQL: apply the schema at start-up (else only check it: payonce migrate).
+    migrate: bool = True
     # Encryption at rest (docs/gateway.md, "Encryption at rest"): the keys
     # themselves (PAYONCE_ENCRYPTION_KEY only: never a flag, never printed) or
     # a file of them.

@@ -2,7 +2,8 @@
 
 The Redis backends run on real servers this session starts on free ports
 (:mod:`tests.support.redis`): one standalone server and one 3-master cluster,
-flushed before each test.
+flushed before each test. PostgreSQL is a server of our own too
+(:mod:`tests.support.postgres`), its tables emptied before each test.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import pytest
 
 from payonce.clock import ManualClock
 from payonce.store import MemoryStore, SQLiteStore, Store
+from payonce.store.postgres import PostgresStore
 from payonce.store.redis import RedisStore
+from tests.support.postgres import Postgres, running_postgres
 from tests.support.redis import RedisCluster, RedisServer, running_cluster, running_redis
 
-BACKENDS = ("memory", "redis", "redis-cluster", "sqlite")
+BACKENDS = ("memory", "redis", "redis-cluster", "sqlite", "postgres")
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +34,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     with running_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Postgres]:
+    with running_postgres() as server:
+        yield server
+
+
+def empty_postgres(server: Postgres) -> None:
+    """Every payonce table emptied (the schema stays: the first store made it)."""
+    server.psql(
+        "DO $$ BEGIN IF to_regclass('payonce_records') IS NOT NULL THEN"
+        " TRUNCATE payonce_records, payonce_events, payonce_replay_batches; END IF; END $$"
+    )
 
 
 @pytest.fixture
@@ -61,6 +78,10 @@ def make_store(
             cluster: RedisCluster = request.getfixturevalue("redis_cluster")
             cluster.flush()
             return RedisStore(cluster.url, clock)
+        if backend == "postgres":
+            pg: Postgres = request.getfixturevalue("postgres_server")
+            empty_postgres(pg)
+            return PostgresStore(pg.url, clock)
         raise AssertionError(backend)
 
     return make

@@ -41,7 +41,7 @@ def test_a_file_that_is_not_a_database_is_a_config_error(tmp_path: Path) -> None
         SQLiteStore(str(bogus))
 
 
-@pytest.mark.parametrize("url", ["redis://", "sqlite://", "sqlite:///", "postgres://h/db", ""])
+@pytest.mark.parametrize("url", ["redis://", "sqlite://", "sqlite:///", "mysql://h/db", ""])
 def test_unsupported_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError, match="--store"):
         open_store(url)

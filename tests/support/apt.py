@@ -47,6 +47,8 @@ class Program:
 PROGRAMS = (
     Program(("redis-server",), "redis-server", True, "the Redis store's tests"),
     Program(("redis-cli",), "redis-server", True, "the Redis store's tests"),
+    Program(("pg_ctlcluster",), "postgresql", True, "the PostgreSQL store's tests"),
+    Program(("pgbouncer",), "pgbouncer", True, "the PostgreSQL store through PgBouncer"),
     Program(("prometheus",), "prometheus", True, "the Prometheus and dashboard tests"),
     Program(("promtool",), "prometheus", True, "the Prometheus and dashboard tests"),
     Program(("gcc",), "gcc", True, "the SQLite store's tests on a slow disk"),

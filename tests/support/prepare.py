@@ -3,9 +3,9 @@
 ``python -m tests.support.prepare`` (``make test`` runs it before pytest):
 
 1. the Debian packages of the programs the tests run (:data:`tests.support.apt.PROGRAMS`:
-   Redis, Prometheus, gcc, wrk, Chromium, and g++ for step 5), installed with
-   apt when missing (as root; otherwise a required one missing fails here, an
-   optional one is reported and its tests skip);
+   Redis, PostgreSQL, PgBouncer, Prometheus, gcc, wrk, Chromium, and g++ for
+   step 5), installed with apt when missing (as root; otherwise a required one
+   missing fails here, an optional one is reported and its tests skip);
 2. LiteLLM's virtualenv for ``tests/upstreams/test_litellm.py`` (about 3 minutes
    the first time);
 3. older SDK releases for ``tests/client/test_sdk_versions.py`` (seconds: tests/support/sdks.py);

@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from types import FrameType
+from typing import Any
 
 import aiohttp
 import uvicorn
@@ -22,7 +23,7 @@ import uvicorn
 from payonce.clock import Clock
 from payonce.collector import Collector
 from payonce.config import GatewaySettings
-from payonce.errors import ConfigError
+from payonce.errors import ConfigError, StorageError
 from payonce.gateway.accepting import Acceptor
 from payonce.gateway.app import Gateway
 from payonce.gateway.asgi import BROKEN_ON_PURPOSE, broken_reason
@@ -198,6 +199,22 @@ async def serve(
         await _serve(settings, clock, sockets, worker, simulator)
 
 
+async def _prepare_store(store: Any) -> None:
+    """Connect to a PostgreSQL store and apply (or check) its schema before serving.
+
+    A schema this payonce cannot use ends the start-up with one line
+    (ConfigError). A server that cannot be reached does not: requests get 503
+    (or, with --on-store-failure open, go through unprotected) until it is back.
+    """
+    prepare = getattr(store, "prepare", None)
+    if prepare is None:
+        return
+    try:
+        await prepare()
+    except StorageError as exc:
+        log.warning("store not reachable at start-up; keyed requests fail until it is: %s", exc)
+
+
 async def _serve(
     settings: GatewaySettings,
     clock: Clock | None,
@@ -205,7 +222,8 @@ async def _serve(
     worker: WorkerLink | None,
     simulator: socket.socket | None,
 ) -> None:
-    store = open_store(settings.store, clock, _codec(settings))
+    store = open_store(settings.store, clock, _codec(settings), migrate=settings.migrate)
+    await _prepare_store(store)
     try:
         async with contextlib.AsyncExitStack() as stack:
             upstream_url = settings.upstream

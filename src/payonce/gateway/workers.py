@@ -63,12 +63,13 @@ from dataclasses import dataclass, replace
 from prometheus_client.multiprocess import mark_process_dead
 
 from payonce.config import GatewaySettings
-from payonce.errors import ConfigError, PayonceError
+from payonce.errors import ConfigError, PayonceError, StorageError
 from payonce.gateway import server
 from payonce.gateway.upstream import parse_upstream_url
 from payonce.listening import close_all, listen
 from payonce.observe.calllog import CallLog, CallLogWriter
 from payonce.store import open_store, validate_store_url
+from payonce.store.postgres import SCHEMES as POSTGRES_SCHEMES
 from payonce.store.redis import redacted
 
 __all__ = ["run_workers"]
@@ -108,7 +109,7 @@ def run_workers(settings: GatewaySettings) -> None:
     try:
         if settings.upstream == "sim":
             simulator_listener = server.bind_simulator(settings.sim_port)
-        _create_store(settings.store)
+        _create_store(settings.store, settings.migrate)
         settings = replace(settings, port=listeners[0].getsockname()[1])
         if settings.call_log is not None:
             call_log = CallLog(
@@ -139,11 +140,25 @@ def run_workers(settings: GatewaySettings) -> None:
         raise PayonceError("--workers: workers kept dying at start-up (see the log above)")
 
 
-def _create_store(url: str) -> None:
+def _create_store(url: str, migrate: bool = True) -> None:
     """Fail in the supervisor, with one line, on a store no worker could open."""
     if url.startswith("sqlite:///"):
         # Creates the file and its tables once, before the workers race to.
         asyncio.run(open_store(url).close())
+    elif url.partition("://")[0] in POSTGRES_SCHEMES:
+        # The schema checked (or applied) once, before the workers start: a schema
+        # no worker could use ends here, in one line, not in N restarts.
+        asyncio.run(_prepare(url, migrate))
+
+
+async def _prepare(url: str, migrate: bool) -> None:
+    store = open_store(url, migrate=migrate)
+    try:
+        await store.prepare()  # type: ignore[attr-defined]
+    except StorageError as exc:
+        log.warning("store not reachable at start-up; keyed requests fail until it is: %s", exc)
+    finally:
+        await store.close()
 
 
 def _start_simulator(listener: socket.socket) -> tuple[subprocess.Popen[bytes], str]:

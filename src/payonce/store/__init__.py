@@ -1,4 +1,5 @@
-"""Stores: where idempotency records live (``memory://``, ``sqlite:///path.db``, ``redis://``)."""
+"""Stores: where idempotency records live (``memory://``, ``sqlite:///path.db``, ``redis://``,
+``postgresql://``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from payonce.store.base import (
     held_expiry,
 )
 from payonce.store.memory import MemoryStore
+from payonce.store.postgres import SCHEMES as POSTGRES_SCHEMES
+from payonce.store.postgres import parse_postgres_url
 from payonce.store.redis import SCHEMES as REDIS_SCHEMES
 from payonce.store.redis import parse_redis_url, redacted
 from payonce.store.sealing import PLAIN, Codec, Sealing
@@ -47,13 +50,18 @@ def validate_store_url(url: str) -> str:
     if url.partition("://")[0] in REDIS_SCHEMES:
         parse_redis_url(url)
         return url
+    if url.partition("://")[0] in POSTGRES_SCHEMES:
+        parse_postgres_url(url)
+        return url
     raise ConfigError(
         f"--store: unsupported store URL {redacted(url)!r}; use memory://, sqlite:///path.db,"
-        " redis://host:port/db or redis+cluster://host:port"
+        " redis://host:port/db, redis+cluster://host:port or postgresql://user@host:port/db"
     )
 
 
-def open_store(url: str, clock: Clock | None = None, codec: Codec = PLAIN) -> Store:
+def open_store(
+    url: str, clock: Clock | None = None, codec: Codec = PLAIN, *, migrate: bool = True
+) -> Store:
     """Open the store a ``--store`` URL names.
 
     ``codec``: the stored form of response bodies, headers and events
@@ -67,6 +75,9 @@ def open_store(url: str, clock: Clock | None = None, codec: Codec = PLAIN) -> St
 
     ``redis://host:port/db``, ``rediss://…`` (TLS), ``redis+cluster://host:port``:
     see :mod:`payonce.store.redis.url` for the options.
+
+    ``postgresql://user@host:port/db``: see :mod:`payonce.store.postgres.url`;
+    ``migrate``: apply the schema at first use (else only check its version).
     """
     validate_store_url(url)
     if url == "memory://":
@@ -75,6 +86,10 @@ def open_store(url: str, clock: Clock | None = None, codec: Codec = PLAIN) -> St
         from payonce.store.redis import RedisStore  # imports redis-py: only when used
 
         return RedisStore(url, clock, codec=codec)
+    if url.partition("://")[0] in POSTGRES_SCHEMES:
+        from payonce.store.postgres import PostgresStore  # imports asyncpg: only when used
+
+        return PostgresStore(url, clock, codec=codec, migrate=migrate)
     path, _, query = url[len("sqlite:///") :].partition("?")
     busy_timeout = 5.0
     for name, values in parse_qs(query, keep_blank_values=True).items():

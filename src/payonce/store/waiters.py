@@ -28,3 +28,10 @@ class Waiters:
         future = self._futures.pop(name, None)
         if future is not None and not future.done():
             future.set_result(None)
+
+    def notify_all(self) -> None:
+        """Wake every waiter (what they wait for may have changed unseen)."""
+        futures, self._futures = self._futures, {}
+        for future in futures.values():
+            if not future.done():
+                future.set_result(None)
