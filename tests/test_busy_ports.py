@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 
 from tests.support.processes import free_port
 from tests.support.sim import Sim
+from tests.support.waiting import wait_until
 
 
 @contextlib.contextmanager
@@ -142,3 +144,42 @@ def test_port_0_serves_on_the_port_the_system_chose(tmp_path: Path) -> None:
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.communicate(timeout=20)
+
+
+def answers(port: int, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_gateway_takes_its_embedded_simulator_with_it(
+    workers: int, tmp_path: Path
+) -> None:
+    """SIGKILL leaves no handler to stop the child: the simulator must notice by itself.
+
+    An orphaned simulator kept --sim-port busy, and the next `make run` failed
+    (found in the suite: a later test met 8100 in use)."""
+    port, sim_port = free_port(), free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    gateway = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "payonce", "serve", "--upstream", "sim"),
+            *("--port", str(port), "--sim-port", str(sim_port), "--workers", str(workers)),
+            *("--store", f"sqlite:///{tmp_path / 'p.db'}", "--no-otel"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    try:
+        wait_until(lambda: answers(sim_port, "/_sim/health"), "the simulator to serve", timeout=30)
+        wait_until(lambda: answers(port, "/_payonce/health"), "the gateway to serve", timeout=30)
+        gateway.kill()
+        gateway.wait(timeout=10)
+        wait_until(lambda: refused(sim_port), "the simulator to end with its gateway", timeout=15)
+    finally:
+        gateway.kill()
+        log.close()

@@ -15,6 +15,7 @@ from payonce.clock import Clock
 from payonce.collector import Collector
 from payonce.listening import BACKLOG, close_all, listen
 from payonce.open_files import raise_open_files_limit
+from payonce.sim import parent
 from payonce.sim.app import LEDGER, build_app
 from payonce.sim.config import SimConfig, describe_token_interval
 
@@ -26,19 +27,29 @@ SHUTDOWN_SECONDS = 2.0
 
 
 def run(config: SimConfig, sockets: list[socket.socket] | None = None) -> None:
-    """Serve ``config`` on uvloop when it is installed, else on the default event loop."""
+    """Serve ``config`` on uvloop when it is installed, else on the default event loop.
+
+    Given ``sockets`` (started by a gateway), it ends with its parent (sim/parent.py).
+    """
     raise_open_files_limit()
+    watch = sockets is not None and not parent.end_with_parent()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve(config, sockets=sockets))
+        runner.run(serve(config, sockets=sockets, watch_parent=watch))
 
 
 async def serve(
-    config: SimConfig, *, clock: Clock | None = None, sockets: list[socket.socket] | None = None
+    config: SimConfig,
+    *,
+    clock: Clock | None = None,
+    sockets: list[socket.socket] | None = None,
+    watch_parent: bool = False,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully (flushing the CSV export).
 
     ``sockets``: serve these, already listening (the gateway's ``--upstream sim``
     binds its simulator's port itself), instead of binding ``config.host:port``.
+    ``watch_parent``: stop once the parent process is gone (where the kernel
+    cannot be asked to say so: sim/parent.py).
 
     While it serves, this process's cycle collector runs on the simulator's timer
     (:class:`payonce.collector.Collector`; the schedule is restored when it stops)
@@ -50,10 +61,13 @@ async def serve(
     if sockets is None:
         # Bound first: a port in use is one line that names the flag (payonce/listening.py).
         sockets = listen(config.host, config.port)
+    watcher = asyncio.create_task(parent.watch_parent()) if watch_parent else None
     try:
         await _serve_on(config, clock, sockets)
     finally:
         close_all(sockets)
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def _serve_on(config: SimConfig, clock: Clock | None, sockets: list[socket.socket]) -> None:
