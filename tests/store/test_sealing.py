@@ -20,8 +20,11 @@ from payonce.config import GatewaySettings
 from payonce.errors import ConfigError, RecordUnreadable
 from payonce.store import SQLiteStore, Store, StoredResponse
 from payonce.store import sealing as sealing_module
+from payonce.store.postgres import PostgresStore
 from payonce.store.redis import RedisStore
 from payonce.store.sealing import PLAIN, Codec, Sealing, key_id, new_key, parse_keys
+from tests.store.conftest import empty_postgres
+from tests.support.postgres import Postgres
 from tests.support.redis import RedisCluster, RedisServer
 
 KEY_A, KEY_B = parse_keys(f"{new_key()},{new_key()}", "test")
@@ -152,7 +155,7 @@ def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> No
 
 
 # Every store that writes records down: a response and a stream, then the raw bytes.
-SERIALISING = ("sqlite", "redis", "redis-cluster")
+SERIALISING = ("sqlite", "redis", "redis-cluster", "postgres")
 
 
 def _raw_sqlite(path: Path) -> bytes:
@@ -182,6 +185,16 @@ def _raw_node(client: redis.Redis) -> bytes:  # type: ignore[type-arg]
     return raw
 
 
+def _raw_postgres(server: Postgres) -> bytes:
+    # bytea in escape form: printable bytes as they are, so a plaintext would show.
+    records = server.psql(
+        "SELECT tenant || ':' || key || encode(coalesce(headers, ''::bytea), 'escape')"
+        " || encode(coalesce(body, ''::bytea), 'escape') FROM payonce_records"
+    )
+    events = server.psql("SELECT encode(data, 'escape') FROM payonce_events")
+    return (records + events).encode()
+
+
 Opener = Callable[[Codec], Store]
 
 
@@ -200,6 +213,10 @@ def serialising(
             lambda codec: RedisStore(server.url, clock, codec=codec),
             lambda: _raw_redis(server.port),
         )
+    if request.param == "postgres":
+        pg: Postgres = request.getfixturevalue("postgres_server")
+        empty_postgres(pg)
+        return lambda codec: PostgresStore(pg.url, clock, codec=codec), lambda: _raw_postgres(pg)
     cluster: RedisCluster = request.getfixturevalue("redis_cluster")
     cluster.flush()
     ports = [node.port for node in cluster.nodes]

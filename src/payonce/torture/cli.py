@@ -24,11 +24,11 @@ class _ConfigExit(click.ClickException):
 @click.option("--seed", type=int, default=None, help="Seed of the first run (default: random).")
 @click.option(
     "--store",
-    type=click.Choice(["sqlite", "redis", "redis-cluster", "memory"]),
+    type=click.Choice(["sqlite", "redis", "redis-cluster", "postgres", "memory"]),
     default="sqlite",
     show_default=True,
     help="The gateways' store (redis needs redis-server on PATH; redis-cluster, three"
-    " masters, redis-cli too).",
+    " masters, redis-cli too; postgres, a server of the run's own, Debian's postgresql).",
 )
 @click.option("--gateways", type=click.IntRange(1, 3), default=2, show_default=True)
 @click.option(

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from payonce.errors import ConfigError
+from payonce.torture.postgres import LocalPostgres
 
 __all__ = ["Cluster", "Node", "free_port"]
 
-STORES = ("sqlite", "redis", "redis-cluster", "memory")
+STORES = ("sqlite", "redis", "redis-cluster", "postgres", "memory")
 
 
 def free_port() -> int:
@@ -187,6 +188,7 @@ class Cluster:
         )  # fmt: skip
         # The store's own processes: one redis-server, or Redis Cluster's three masters.
         self.redis_nodes: list[Node] = []
+        self.postgres: LocalPostgres | None = None
         if store in ("redis", "redis-cluster"):
             server = shutil.which("redis-server")
             if server is None or (store == "redis-cluster" and not shutil.which("redis-cli")):
@@ -205,6 +207,10 @@ class Cluster:
                 self.store_url = f"redis://127.0.0.1:{first}/0?timeout=0.5"
             else:
                 self.store_url = f"redis+cluster://127.0.0.1:{first}?timeout=0.5"
+        elif store == "postgres":
+            # A server of the run's own (torture/postgres.py), created by start().
+            self.postgres = LocalPostgres(free_port())
+            self.store_url = self.postgres.url + "?timeout=0.5"
         elif store == "sqlite":
             self.store_url = f"sqlite:///{folder / 'payonce.db'}"
         else:
@@ -234,12 +240,16 @@ class Cluster:
         """What names the store to someone who reads it: its address, or its file's name."""
         if self.store_url.startswith("sqlite:///"):
             return (Path(self.store_url.removeprefix("sqlite:///")).name,)
+        if self.postgres is not None:
+            return (f"127.0.0.1:{self.postgres.port}",)
         return tuple(f"127.0.0.1:{node.port}" for node in self.redis_nodes)
 
     def start(self) -> None:
         """Start the store's processes, the simulator, then the gateways."""
         for node in self.redis_nodes:
             self._start_redis(node)
+        if self.postgres is not None:
+            self.postgres.create()
         if self.kind == "redis-cluster":
             self._join_cluster()
         self.sim.start()
@@ -282,8 +292,10 @@ class Cluster:
 
     def hold_store(self, seconds: float, target: int = 0) -> subprocess.Popen[bytes] | None:
         """Hold the store still for ``seconds``: SQLite's write lock in another process,
-        Redis stopped, or node ``target`` of Redis Cluster stopped. Returns the lock
-        holder (SQLite), which ends by itself."""
+        PostgreSQL's tables locked from psql, Redis stopped, or node ``target`` of Redis
+        Cluster stopped. Returns the lock holder (SQLite, PostgreSQL), which ends by itself."""
+        if self.postgres is not None:
+            return self.postgres.hold(seconds)
         if self.kind == "sqlite":
             database = self.store_url.removeprefix("sqlite:///")
             script = (
@@ -331,3 +343,5 @@ class Cluster:
         self.sim.stop()
         for node in self.redis_nodes:
             node.stop()
+        if self.postgres is not None:
+            self.postgres.remove()
