@@ -18,8 +18,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak-minutes",
         type=float,
-        default=float(os.environ.get("PAYONCE_SOAK_MINUTES", "2")),
-        help="how long the soak (tests/soak, marker soak) drives traffic; default 2,"
+        default=float(os.environ.get("PAYONCE_SOAK_MINUTES", "1.5")),
+        help="how long the soak (tests/soak, marker soak) drives traffic; default 1.5,"
         " or PAYONCE_SOAK_MINUTES",
     )
 

@@ -21,7 +21,7 @@ from payonce.reconcile.run import reconcile
 REQUESTS = 250
 # The slower run's duplicate ratio is checked within three standard deviations of
 # its own sample (_spread), so a smaller sample widens the bound, never breaks it.
-SLOWER_REQUESTS = 120
+SLOWER_REQUESTS = 80
 KEYS = {
     "business_requests", "billed_generations", "duplicate_generations", "duplicate_ratio",
     "success_rate", "cost_usd",

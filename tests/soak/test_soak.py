@@ -1,6 +1,6 @@
 """The soak: mixed traffic at a steady rate, on SQLite and on Redis at once.
 
-For ``--soak-minutes`` (2 by default; ``--soak-minutes 10`` or
+For ``--soak-minutes`` (1.5 by default; ``--soak-minutes 10`` or
 ``PAYONCE_SOAK_MINUTES=10`` for the long run) each store gets its own stack
 (tests/soak/stack.py) and its own traffic (tests/soak/traffic.py): keyed and
 unkeyed calls, streams, concurrent duplicates and duplicates after completion,

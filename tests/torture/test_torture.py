@@ -4,7 +4,7 @@ The randomized checker (docs/guarantees.md) over real processes: a simulator, tw
 gateways on one store, random calls and faults. A fixed seed keeps a known
 schedule green; the random one explores (its seed is in the test's output, so a
 failure replays with ``payonce torture --seed N``). ``--torture-seconds`` sets
-the calls per run (15 s here, to keep the suite within its 15 minutes;
+the calls per run (12 s here, to keep the suite within its 15 minutes;
 the random seed may land on Redis Cluster or PostgreSQL;
 ``payonce torture --minutes N`` for long runs).
 """
@@ -40,7 +40,7 @@ def _torture(store: str, seed: int, folder: Path) -> None:
         env["PAYONCE_PG_BIN"] = str(postgres_binaries())  # installed through apt if missing
     args = [
         sys.executable, "-m", "payonce", "torture", "--seed", str(seed), "--store", store,
-        "--gateways", "2", "--seconds", "15s", "--shrink", "90s", "--keep", str(folder),
+        "--gateways", "2", "--seconds", "12s", "--shrink", "90s", "--keep", str(folder),
     ]  # fmt: skip
     print(f"payonce torture --seed {seed} --store {store}")  # in the log, for a replay
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=540, check=False)
