@@ -210,9 +210,12 @@ class PostgresStore:
         *,
         codec: Codec = PLAIN,
         migrate: bool = True,
+        poll_interval: float | None = None,
     ) -> None:
         """Nothing connects here: the pool opens on first use (``migrate``: apply the
-        schema then, under an advisory lock; otherwise only check its version)."""
+        schema then, under an advisory lock; otherwise only check its version).
+        ``poll_interval``: a waiter looks this often even when notifications work
+        (for tests on a manual clock, whose jumps only a look can see)."""
         self._url = parse_postgres_url(url) if isinstance(url, str) else url
         self._clock = clock or SystemClock()
         self._codec = codec
@@ -221,7 +224,9 @@ class PostgresStore:
         self._opening = asyncio.Lock()
         self._applied: list[int] = []  # the migrations this store applied when it opened
         self._notifier = Notifier(
-            self._send_notify, self._connect_listener if self._url.listen else None
+            self._send_notify,
+            self._connect_listener if self._url.listen else None,
+            poll_interval,
         )
 
     # -- connections ---------------------------------------------------------
