@@ -39,6 +39,13 @@ def test_replicas_share_records_and_follow_each_others_streams(
     assert first.status_code == again.status_code == 200
     assert again.headers["idempotent-replayed"] == "true"
     assert again.content == first.content
+    # The status endpoint of either replica reads the record from PostgreSQL.
+    status = httpx.get(b.url + "/_payonce/requests/pg-replicas", headers=AUTH, timeout=10)
+    assert status.status_code == 200
+    assert status.json()["state"] == "completed"
+    assert status.json()["replays"] >= 0
+    hidden = httpx.get(b.url + "/_payonce/requests/pg-replicas", timeout=10)
+    assert hidden.status_code in (401, 404), "another tenant's record is not shown"
     # A stream recorded by A, followed live from B while it runs.
     body = {**CHAT, "stream": True}
     headers = {**AUTH, "Idempotency-Key": "pg-stream", "X-Sim-Delay-Ms": "0"}
