@@ -7,6 +7,8 @@ restarted, its connections killed or its rows locked from psql.
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,3 +152,30 @@ def test_postgres_down_at_start_up_is_503_until_it_is_back(
         "served once it is back",
         timeout=30,
     )
+
+
+def test_no_migrate_refuses_to_start_on_an_empty_database_in_one_line(
+    pg: Postgres, fresh_sim: Sim, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    serve = ["serve", "--upstream", fresh_sim.url, "--store", pg.url, "--no-migrate"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "payonce", *serve, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "run `payonce migrate --store URL`" in refused.stderr
+    migrated = subprocess.run(
+        [sys.executable, "-m", "payonce", "migrate", "--store", pg.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    gateway = start_payonce(serve, log_dir=tmp_path, ready_path="/_payonce/health")
+    request.addfinalizer(gateway.stop)
+    assert post(gateway.url, "pg-migrated").status_code == 200
