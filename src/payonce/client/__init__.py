@@ -11,6 +11,9 @@ Or below any httpx2 client::
 
     httpx2.Client(transport=IdempotentTransport(policy=RetryPolicy(attempts=3)))
 
+or httpx client (``HttpxTransport(httpx.HTTPTransport(), policy=...)``, and its
+async twin ``AsyncHttpxTransport``: the same policy, bridged).
+
 The pieces: :class:`RetryPolicy` (an immutable value: attempts, deadline,
 timeouts, backoff, budget), :class:`ErrorClass` (what a failure proves),
 :class:`IdempotentTransport` / :class:`AsyncIdempotentTransport` (the policy
@@ -21,6 +24,8 @@ around any httpx2 transport), :func:`protect` (the official SDKs),
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 try:
     import httpx2 as _httpx2  # noqa: F401 - the optional dependency, checked once
@@ -43,10 +48,15 @@ from payonce.client._policy import RetryPolicy, stacked_attempts
 from payonce.client._protect import protect
 from payonce.client._transport import IdempotentTransport
 
+if TYPE_CHECKING:
+    from payonce.client._httpx import AsyncHttpxTransport, HttpxTransport
+
 __all__ = [
+    "AsyncHttpxTransport",
     "AsyncIdempotentTransport",
     "Attempt",
     "ErrorClass",
+    "HttpxTransport",
     "IdempotentTransport",
     "LoggingHook",
     "Outcome",
@@ -64,3 +74,13 @@ __all__ = [
     "protect",
     "stacked_attempts",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The httpx (not httpx2) transports import httpx, which payonce does not depend
+    # on: only when asked for (an SDK built on httpx has it installed).
+    if name in ("HttpxTransport", "AsyncHttpxTransport"):
+        from payonce.client import _httpx
+
+        return getattr(_httpx, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
