@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.litellm import _HARMLESS_PTH, _locked
+from tests.support.litellm import _HARMLESS_PTH
+from tests.support.locking import locked
 
 __all__ = ["FRAMEWORKS", "NODE", "OPENAI2", "Installation", "NodeSDK", "VirtualEnv", "prepare"]
 
@@ -171,7 +172,7 @@ def prepare(what: VirtualEnv | NodeSDK, say: Callable[[str], object] = print) ->
     """``what``'s folder, made when missing (raises with its log's tail when it cannot be)."""
     target = what.home / what.digest()
     what.home.mkdir(parents=True, exist_ok=True)
-    with _locked(what.home / ".lock"):
+    with locked(what.home / ".lock"):
         if (target / ".complete").exists():
             return Installation(target, created=False, seconds=0.0)
         for stale in what.home.iterdir():  # older locks, or this one half made

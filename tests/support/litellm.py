@@ -23,18 +23,17 @@ for startup hooks (``.pth`` files that run code), which is how 1.82.8's payload 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.locking import locked
 from tests.support.processes import Process, _wait_ready, free_port
 
 __all__ = [
@@ -73,16 +72,6 @@ class Installation:
     seconds: float  # how long building it took (0 when reused)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 LOG = HOME / "install.log"
 
 
@@ -95,7 +84,7 @@ def prepare(say: Callable[[str], object] = print) -> Installation:
     target = HOME / f"{LITELLM_VERSION}-{digest}"
     python = target / "bin" / "python"
     HOME.mkdir(parents=True, exist_ok=True)
-    with _locked(HOME / ".lock"):
+    with locked(HOME / ".lock"):
         if (target / ".complete").exists():
             return Installation(python, created=False, seconds=0.0)
         for stale in HOME.iterdir():  # older pins, or this one half built

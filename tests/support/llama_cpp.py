@@ -26,7 +26,6 @@ and its ``.gguf`` checked against a pinned sha256.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import platform
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.support.apt import ensure
+from tests.support.locking import locked
 from tests.support.processes import Process, free_port
 
 __all__ = [
@@ -158,16 +158,6 @@ def _run(command: list[str | Path], log: Path, env: dict[str, str] | None = None
         raise RuntimeError(f"{command[0]} {command[1]} failed ({done.returncode}):\n{tail}")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _llama_wheel(pip: Path, log: Path, say: Callable[[str], object]) -> tuple[Path, bool]:
     """The llama-cpp-python wheel for these flags, built first if no checkout here has.
 
@@ -177,7 +167,7 @@ def _llama_wheel(pip: Path, log: Path, say: Callable[[str], object]) -> tuple[Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     pattern = f"llama_cpp_python-{LLAMA_CPP_PYTHON}-*.whl"
     # Two checkouts on one machine (CI clones, worktrees) build it once between them.
-    with _locked(target.parent / f"{target.name}.lock"):
+    with locked(target.parent / f"{target.name}.lock"):
         found = sorted(target.glob(pattern))
         if found:
             return found[-1], False
@@ -267,7 +257,7 @@ def prepare(say: Callable[[str], object] = print, *, make: bool = True) -> Insta
     ready = HOME / ".ready"
     stamp = _stamp()
     # Two test runs in one checkout wait for each other instead of building twice.
-    with _locked(HOME.parent / "real-upstream.lock"):
+    with locked(HOME.parent / "real-upstream.lock"):
         if ready.exists() and ready.read_text() == stamp and python.exists() and model.exists():
             return Installation(python, model, False, False, time.monotonic() - started)
         if not make:

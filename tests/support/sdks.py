@@ -14,15 +14,15 @@ put ``src/`` on ``PYTHONPATH``, and the pins hold what ``payonce.client`` needs.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.locking import locked
 
 __all__ = ["HOME", "LOG", "SDKS", "Sdk", "prepare", "prepare_all"]
 
@@ -62,21 +62,11 @@ SDKS = (
 )
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def prepare(sdk: Sdk, say: Callable[[str], object] = print) -> bool:
     """Build ``sdk``'s virtualenv when missing; True when this call built it (raises on failure)."""
     target = sdk.target()
     HOME.mkdir(parents=True, exist_ok=True)
-    with _locked(HOME / ".lock"):
+    with locked(HOME / ".lock"):
         if (target / ".complete").exists():
             return False
         for stale in HOME.glob(f"{sdk.name}-*"):  # older pins, or this one half built

@@ -55,7 +55,7 @@ from payonce.store.base import (
 from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
 from payonce.store.sealing import PLAIN, Codec
-from payonce.store.waiters import Waiters
+from payonce.store.waiters import Waiters, wait_for_change
 
 __all__ = ["SQLiteStore"]
 
@@ -466,24 +466,14 @@ class SQLiteStore:
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
         # Writers in this process wake us at once; writers in other processes
         # (``serve --workers``) are seen by polling, at most poll_interval late.
-        deadline = time.monotonic() + timeout
-        first: Record | None = None
-        while True:
-            record = await self.get(tenant, key)
-            if record is None or record.state is RecordState.COMPLETED:
-                return record
-            if first is None:
-                first = record
-            elif record.events != first.events or record.token != first.token:
-                return record  # new events, or a new holder took the key over
-            now = self._clock.now()
-            if record.lease_lapsed(now):
-                return record
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return record
-            step = min(remaining, self._poll_interval, record.lease_expires_at - now)
-            await self._waiters.wait(f"{tenant}\x00{key}", step)
+        name = f"{tenant}\x00{key}"
+        return await wait_for_change(
+            lambda: self.get(tenant, key),
+            lambda step: self._waiters.wait(name, step),
+            lambda: self._poll_interval,
+            self._clock,
+            timeout,
+        )
 
     async def purge_expired(self, limit: int | None = None) -> int:
         # Chunk by chunk, each through the group commit (so a lock is waited out

@@ -1,11 +1,18 @@
-"""In-process wake-ups for :meth:`Store.wait`: one shared future per awaited record."""
+"""In-process wake-ups for :meth:`Store.wait`: one shared future per awaited record,
+and the wait itself for the stores that read a record to see it change (SQLite,
+PostgreSQL)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Awaitable, Callable
 
-__all__ = ["Waiters"]
+from payonce.clock import Clock
+from payonce.store.base import Record, RecordState
+
+__all__ = ["Waiters", "wait_for_change"]
 
 
 class Waiters:
@@ -35,3 +42,35 @@ class Waiters:
         for future in futures.values():
             if not future.done():
                 future.set_result(None)
+
+
+async def wait_for_change(
+    get: Callable[[], Awaitable[Record | None]],
+    sleep: Callable[[float], Awaitable[None]],
+    poll_interval: Callable[[], float],
+    clock: Clock,
+    timeout: float,
+) -> Record | None:
+    """:meth:`Store.wait` by reading the record (``get``) until it changes.
+
+    Between looks it ``sleep``s, which a writer's wake-up may end early, for at
+    most ``poll_interval()`` seconds and never past the lease's end (a lapse is a
+    change: nobody runs the key any more) or the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    first: Record | None = None
+    while True:
+        record = await get()
+        if record is None or record.state is RecordState.COMPLETED:
+            return record
+        if first is None:
+            first = record
+        elif record.events != first.events or record.token != first.token:
+            return record  # new events, or a new holder took the key over
+        now = clock.now()
+        if record.lease_lapsed(now):
+            return record
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return record
+        await sleep(min(remaining, poll_interval(), record.lease_expires_at - now))

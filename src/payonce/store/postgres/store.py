@@ -49,6 +49,7 @@ from payonce.store.postgres import schema
 from payonce.store.postgres.notify import CHANNEL, Notifier
 from payonce.store.postgres.url import PASSWORD_ENV, PostgresURL, parse_postgres_url
 from payonce.store.sealing import PLAIN, Codec
+from payonce.store.waiters import wait_for_change
 
 __all__ = ["PURGE_CHUNK", "PostgresStore"]
 
@@ -458,26 +459,16 @@ class PostgresStore:
         return _record(row, self._codec) if row is not None else None
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
-        # Writers in this process wake us at once, those in other processes through
-        # NOTIFY; a look every poll interval covers a notification that was lost.
-        deadline = time.monotonic() + timeout
-        first: Record | None = None
-        while True:
-            record = await self.get(tenant, key)
-            if record is None or record.state is RecordState.COMPLETED:
-                return record
-            if first is None:
-                first = record
-            elif record.events != first.events or record.token != first.token:
-                return record  # new events, or a new holder took the key over
-            now = self._clock.now()
-            if record.lease_lapsed(now):
-                return record
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return record
-            step = min(remaining, self._notifier.poll_interval, record.lease_expires_at - now)
-            await self._notifier.wait(tenant, key, step)
+        # Writers in this process wake us at once, those in other processes
+        # through NOTIFY (notify.py says when a look is due anyway).
+        notifier = self._notifier
+        return await wait_for_change(
+            lambda: self.get(tenant, key),
+            lambda step: notifier.wait(tenant, key, step),
+            lambda: notifier.poll_interval,
+            self._clock,
+            timeout,
+        )
 
     async def purge_expired(self, limit: int | None = None) -> int:
         now = self._clock.now()
