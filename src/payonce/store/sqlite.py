@@ -54,6 +54,7 @@ from payonce.store.base import (
 )
 from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
+from payonce.store.rows import record_from_row
 from payonce.store.sealing import PLAIN, Codec
 from payonce.store.waiters import Waiters, wait_for_change
 
@@ -152,30 +153,6 @@ PURGE_CHUNK = 1000
 # for its turn), within these bounds, so the purge takes at most about half of
 # the loop and a busy loop slows it down.
 _PURGE_PAUSE_MIN, _PURGE_PAUSE_MAX = 0.001, 0.1
-
-
-def _record(row: tuple[Any, ...], codec: Codec) -> Record:
-    (tenant, key, fingerprint, state, token, created_at, lease_end, expires_at, completed_at,
-     status, headers, body, replays, usage, cost_usd, stream, events) = row  # fmt: skip
-    response = None
-    if status is not None:
-        response = codec.response_in(tenant, key, status, headers, bytes(body or b""), bool(stream))
-    return Record(
-        tenant=tenant,
-        key=key,
-        fingerprint=fingerprint,
-        state=RecordState(state),
-        token=token,
-        created_at=created_at,
-        lease_expires_at=lease_end,
-        expires_at=expires_at,
-        completed_at=completed_at,
-        response=response,
-        replays=replays,
-        usage=orjson.loads(usage) if usage else None,
-        cost_usd=cost_usd,
-        events=events,
-    )
 
 
 def _translate(exc: sqlite3.Error) -> StorageError:
@@ -461,7 +438,7 @@ class SQLiteStore:
             (tenant, key, self._clock.now()),
             one=True,
         )
-        return _record(row, self._codec) if row is not None else None
+        return record_from_row(row, self._codec) if row is not None else None
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
         # Writers in this process wake us at once; writers in other processes

@@ -48,6 +48,7 @@ from payonce.store.base import (
 from payonce.store.postgres import schema
 from payonce.store.postgres.notify import CHANNEL, Notifier
 from payonce.store.postgres.url import PASSWORD_ENV, PostgresURL, parse_postgres_url
+from payonce.store.rows import record_from_row
 from payonce.store.sealing import PLAIN, Codec
 from payonce.store.waiters import wait_for_change
 
@@ -175,30 +176,6 @@ _TIMEOUTS = (
 def _count(status: str) -> int:
     """The row count of a command tag: ``UPDATE 1``, ``INSERT 0 5``, ``DELETE 0``."""
     return int(status.rsplit(" ", 1)[-1])
-
-
-def _record(row: Sequence[Any], codec: Codec) -> Record:
-    (tenant, key, fingerprint, state, token, created_at, lease_end, expires_at, completed_at,
-     status, headers, body, replays, usage, cost_usd, stream, events) = tuple(row)  # fmt: skip
-    response = None
-    if status is not None:
-        response = codec.response_in(tenant, key, status, headers, bytes(body or b""), stream)
-    return Record(
-        tenant=tenant,
-        key=key,
-        fingerprint=fingerprint,
-        state=RecordState(state),
-        token=token,
-        created_at=created_at,
-        lease_expires_at=lease_end,
-        expires_at=expires_at,
-        completed_at=completed_at,
-        response=response,
-        replays=replays,
-        usage=orjson.loads(usage) if usage else None,
-        cost_usd=cost_usd,
-        events=events,
-    )
 
 
 class PostgresStore:
@@ -456,7 +433,7 @@ class PostgresStore:
 
     async def get(self, tenant: str, key: str) -> Record | None:
         row = await self._fetchrow(_GET, tenant, key, self._clock.now())
-        return _record(row, self._codec) if row is not None else None
+        return record_from_row(row, self._codec) if row is not None else None
 
     async def wait(self, tenant: str, key: str, timeout: float) -> Record | None:
         # Writers in this process wake us at once, those in other processes
