@@ -21,7 +21,7 @@ when Redis runs): the same system with the payonce sources in ``DIR/src`` (a che
 an earlier commit, ``git worktree add DIR REV``) ahead of this one's on ``PYTHONPATH``, so
 a change is measured against what it replaced in the same run, interleaved round by round.
 
-Workloads (``--only``, comma-separated: workload1 ... workload4):
+Workloads (``--only``, comma-separated: workload1 ... workload5):
 
 1. **Throughput and CPU per request** at zero upstream latency: wrk, ``--connections``
    connections, one thread, on core 0 with the simulator; the process under test alone on
@@ -47,6 +47,11 @@ Workloads (``--only``, comma-separated: workload1 ... workload4):
    answered? RSS of the gateway per call in flight, added p99 time to first byte. The
    load generator is two asyncio processes; file-descriptor limits are raised to the hard
    limit for every process started here.
+5. **Streams at token rate** (``benchmarks/peers_streams.py``): 200 streams x 50 events/s
+   and 1,000 x 20 events/s, ``--stream-events`` events each, through direct, nginx and
+   each payonce store unkeyed and keyed: CPU per event of the process under test (and
+   redis-server's) against nginx's in the same round, and the extra p99 gap between
+   events against direct's.
 
 Rounds: workloads 1 and 3 run every system once per round, ``--rounds`` rounds (3), and
 report the median with the min-max; workload 2 runs ``--incident-rounds`` rounds (the
@@ -85,7 +90,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +103,7 @@ from tests.support import litellm as litellm_support  # noqa: E402
 import gateway_overhead as go  # noqa: E402
 import peers_load  # noqa: E402
 import peers_report  # noqa: E402
+import peers_streams  # noqa: E402
 
 SYSTEMS = (
     "direct",
@@ -111,7 +117,7 @@ SYSTEMS = (
 PORTKEY_VERSION = "1.15.2"
 # Its postinstall (patch-package) has no patches to apply in the published package.
 NPM_FLAGS = ("--no-audit", "--no-fund", "--ignore-scripts")
-WORKLOADS = ("workload1", "workload2", "workload3", "workload4")
+WORKLOADS = ("workload1", "workload2", "workload3", "workload4", "workload5")
 PROXY_CORE, LOAD_CORE = 1, 0
 CHAT = "/v1/chat/completions"
 LONG_PROMPT = "Explain idempotency keys for retried LLM calls in detail. " * 8
@@ -138,6 +144,7 @@ class Options:
     call_seconds: int
     call_rate: float
     control_share: float
+    stream_events: int
     json_path: Path
     svg_path: Path
     install: bool
@@ -176,6 +183,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--time-scale", type=float, default=0.1, help="workload 2: durations x this (the demo's)"
     )
     parser.add_argument("--streams", type=int, default=200, help="workload 3")
+    parser.add_argument(
+        "--stream-events", type=int, default=2006, help="workload 5: events per stream"
+    )
     parser.add_argument("--calls", type=int, default=5000, help="workload 4")
     parser.add_argument("--call-seconds", type=int, default=30, help="workload 4")
     parser.add_argument("--call-rate", type=float, default=500, help="workload 4: starts/s")
@@ -235,6 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         call_seconds=args.call_seconds,
         call_rate=args.call_rate,
         control_share=args.control_share,
+        stream_events=args.stream_events,
         json_path=args.json_path,
         svg_path=args.svg_path,
         install=not args.no_install,
@@ -260,6 +271,7 @@ def _quick(options: Options, argv: Sequence[str]) -> Options:
         "calls": 400,
         "call_seconds": 4,
         "call_rate": 400,
+        "stream_events": 40,
     }
     values = {**options.__dict__}
     values.update({key: value for key, value in small.items() if key not in given})
@@ -1079,11 +1091,60 @@ def _long_calls(
 
 # --------------------------------------------------------------------------- main
 
+
+def workload5(stack: Stack) -> dict[str, Any]:
+    """Streams at token rate: CPU per event against nginx's, extra gaps against direct's."""
+    options = stack.options
+    loads = peers_streams.QUICK_LOADS if options.quick else peers_streams.LOADS
+    chosen = peers_streams.variants(options.systems)
+    systems = list(dict.fromkeys(system for system, _ in chosen))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    reset(stack.sim("fast")[1])
+    with endpoints(stack, "fast", systems) as found:
+        by_system = {endpoint.system: endpoint for endpoint in found}
+        for number in range(options.rounds):
+            for streams, token_ms in loads:
+                nginx: dict[str, Any] = {}
+                direct: dict[str, Any] = {}
+                for system, keyed in chosen:
+                    endpoint = replace(by_system[system], keyed=keyed)
+                    lasts = options.stream_events * token_ms / 1000
+                    job = _calls_job(endpoint, streams, 2000.0, stream=True, seconds=0.0,
+                                     token_ms=token_ms, tokens=options.stream_events,
+                                     timeout=60 + lasts)  # fmt: skip
+                    job["gaps"] = True
+                    usage = Usage.now(endpoint.service.pid)
+                    store = stack.redis_pid if system.startswith("payonce-redis") else None
+                    store_usage = Usage.now(store) if store is not None else None
+                    (document,) = run_load(job, stack.workdir)
+                    cpu = usage.since(1)["cpu_us_per_call"]
+                    store_cpu = store_usage.since(1)["cpu_us_per_call"] if store_usage else None
+                    row = peers_streams.row_of(document, streams, options.stream_events, cpu,
+                                               store_cpu, _call_stats)  # fmt: skip
+                    if system == "direct":
+                        direct = row
+                    if system == "nginx":
+                        nginx = row
+                    row = peers_streams.compared(row, nginx, direct)
+                    row["load"] = load_average()[0]
+                    name = f"{peers_streams.label(system, keyed)} {streams}x{1000 // token_ms}/s"
+                    rows.setdefault(name, []).append(row)
+                    print(
+                        f"# w5 round {number + 1} {name}: {row['answered']}/{streams} streams,"
+                        f" {row['cpu_us_per_event']:.1f} us/event"
+                        f" (x nginx {row.get('x_nginx', 0):.2f}),"
+                        f" gap p99 {row['gap_p99_ms'] or 0:.1f} ms",
+                        flush=True,
+                    )
+    return _summarised(rows)
+
+
 RUNNERS: dict[str, Callable[[Stack], dict[str, Any]]] = {
     "workload1": workload1,
     "workload2": workload2,
     "workload3": workload3,
     "workload4": workload4,
+    "workload5": workload5,
 }
 
 

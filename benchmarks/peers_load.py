@@ -13,6 +13,9 @@ document on stdout. Two kinds of job:
   requests sent direct to the simulator by the same process in the same seconds,
   so the difference of the two groups' times is the system's own, whatever the
   machine was doing (reported as ``control``).
+  With ``gaps``, every call also notes the time between consecutive reads of its
+  body once the first byte came (a stream at token rate: one event per read);
+  the job reports their p50, p99 and maximum over all its calls (``gaps``).
 * ``incident``: ``count`` business requests through the official openai SDK with
   its default retries (2) and ``timeout``, the SDK's own ``Idempotency-Key``
   (``client._idempotency_header``), ``concurrency`` at once. Its backoff is scaled
@@ -31,6 +34,7 @@ import sys
 import time
 import urllib.parse
 import uuid
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +57,11 @@ class _Exchange(asyncio.Protocol):
     Content-Length, or the chunked body's last chunk, or the server's close).
     """
 
-    def __init__(self, request: bytes, started: float) -> None:
+    def __init__(self, request: bytes, started: float, gaps: array | None = None) -> None:
         self.request = request
         self.started = started
+        self.gaps = gaps  # where the time between reads goes, if anywhere
+        self.last_read = 0.0
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.head = b""
@@ -88,8 +94,12 @@ class _Exchange(asyncio.Protocol):
                     self.chunked = True
             if not data and self.length != 0:
                 return
+        now = time.perf_counter()
         if self.ttfb is None:
-            self.ttfb = time.perf_counter() - self.started
+            self.ttfb = now - self.started
+        elif self.gaps is not None:
+            self.gaps.append(now - self.last_read)
+        self.last_read = now
         if len(self.first) < 4096:
             self.first += data[:4096]
         self.received += len(data)
@@ -124,7 +134,11 @@ def _request(target: dict[str, Any], body: bytes, headers: dict[str, str]) -> by
 
 
 async def _one_call(
-    job: dict[str, Any], index: int, results: list[Any], control: bool = False
+    job: dict[str, Any],
+    index: int,
+    results: list[Any],
+    control: bool = False,
+    gaps: array | None = None,
 ) -> None:
     target = job["control"] if control else job
     headers = dict(target["headers"])
@@ -132,7 +146,7 @@ async def _one_call(
         headers["Idempotency-Key"] = f"{job['key_prefix']}-{index}-{uuid.uuid4().hex[:8]}"
     url = urllib.parse.urlsplit(target["url"])
     started = time.perf_counter()
-    exchange = _Exchange(_request(target, job["body"].encode(), headers), started)
+    exchange = _Exchange(_request(target, job["body"].encode(), headers), started, gaps)
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(float(job["timeout"])):
@@ -180,6 +194,7 @@ async def calls(job: dict[str, Any]) -> dict[str, Any]:
     rate *= total / count if count else 1.0
     results: list[Any] = [None] * count
     controls: list[Any] = [None] * extra
+    gaps = array("d") if job.get("gaps") else None
     tasks = []
     began = time.perf_counter()
     made = sent = 0
@@ -194,11 +209,28 @@ async def calls(job: dict[str, Any]) -> dict[str, Any]:
             call = _one_call(job, made, controls, control=True)
             made += 1
         else:
-            call = _one_call(job, sent, results)
+            call = _one_call(job, sent, results, gaps=gaps)
             sent += 1
         tasks.append(asyncio.create_task(call))
     await asyncio.gather(*tasks)
-    return {"results": results, "control": controls}
+    document: dict[str, Any] = {"results": results, "control": controls}
+    if gaps is not None:
+        ordered = sorted(gaps)
+
+        def at(share: float) -> float | None:
+            return (
+                ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000
+                if ordered
+                else None
+            )
+
+        document["gaps"] = {
+            "count": len(ordered),
+            "p50_ms": at(0.5),
+            "p99_ms": at(0.99),
+            "max_ms": ordered[-1] * 1000 if ordered else None,
+        }
+    return document
 
 
 async def incident(job: dict[str, Any]) -> dict[str, Any]:

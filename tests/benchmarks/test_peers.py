@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.apt import installed
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 60
@@ -31,7 +31,7 @@ def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             *(sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--no-install"),
-            *("--only", "workload1,workload2,workload4", "--systems", "payonce-sqlite"),
+            *("--only", "workload1,workload2,workload4,workload5", "--systems", "payonce-sqlite"),
             *("--duration", "1", "--warmup", "0", "--replay-keys", "5"),
             *("--incident-requests", str(REQUESTS), "--time-scale", "0.05"),
             *("--calls", str(CALLS)),
@@ -39,7 +39,7 @@ def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=170,
         check=False,
         cwd=tmp_path,
     )
@@ -68,6 +68,20 @@ def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
         assert run["control_calls"] == run["control_answered"] == CALLS // 10
         assert run["stream_added_ttfb_p99_ms"] is not None
     assert results["workload4"]["payonce-sqlite"]["rss_per_call_kib"]["median"] > 0
+
+    # Streams at token rate (issue 33's workload): every stream answered whole, every
+    # event delivered, keyed and not; the CPU and gap figures are for the full run.
+    token_rate = results["workload5"]
+    assert set(token_rate) == {
+        f"{name} {load}"
+        for name in ("direct", "payonce-sqlite nokey", "payonce-sqlite keyed")
+        for load in ("20x50/s", "50x20/s")
+    }
+    for name, row in token_rate.items():
+        (run,) = row["rounds"]
+        assert run["answered"] == run["streams"], (name, run["failures"])
+        assert run["events"] == run["streams"] * 40
+        assert run["gap_p99_ms"] is not None
 
     assert "| payonce-sqlite | keyed first call |" in done.stdout
     assert chart.read_text().startswith("<svg") and "payonce-sqlite" in chart.read_text()
