@@ -8,4 +8,4 @@ The parts live in one folder each: ``gateway/`` (the idempotency proxy),
 from payonce.errors import PayonceError
 
 __all__ = ["PayonceError", "__version__"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
