@@ -1,6 +1,6 @@
 """The release as a user gets it: the wheel and the sdist, built and installed into clean virtualenvs.
 
-``uv build`` makes both from this checkout; each goes into a fresh ``python -m venv``
+``uv build`` makes both from a copy of this checkout's sources; each goes into a fresh ``python -m venv``
 with its dependencies from the package index, held to the versions of ``uv.lock``
 (``uv export`` as constraints). From the wheel's install (``payonce[demo]``):
 ``payonce --version``, ``payonce serve`` (started, asked ``/_payonce/health``,
@@ -15,6 +15,7 @@ About 45 s here (2 cores, uv's cache warm from make setup): the builds 2 s, each
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,7 +71,16 @@ def _ok(args: list[str], cwd: Path, timeout: float = 300) -> str:
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """The wheel, the sdist and the lock's versions as a constraints file."""
     out = tmp_path_factory.mktemp("dist")
-    _ok([_uv(), "build", "--python", sys.executable, "--out-dir", str(out), str(ROOT)], ROOT)
+    # From a copy, as in tests/test_extras.py: a build in the checkout would leave
+    # src/payonce.egg-info there, and two builds at once (pytest -n) would share it.
+    source = out / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(
+        ROOT / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    _ok([_uv(), "build", "--python", sys.executable, "--out-dir", str(out), str(source)], ROOT)
     (wheel,) = out.glob(f"payonce-{__version__}-py3-none-any.whl")
     (sdist,) = out.glob(f"payonce-{__version__}.tar.gz")
     constraints = out / "constraints.txt"
