@@ -1,5 +1,7 @@
 """The README is a landing page: at most 8 KB, and every relative link in it lands.
 
+The changelog is one line per entry, under dated sections.
+
 A link lands when its file is in the repository and, for ``#anchor``, a heading of
 that file has that GitHub anchor (lower case, punctuation dropped, spaces as ``-``).
 docs/design.md, the page the README and the code cite for the design, is checked too.
@@ -7,6 +9,7 @@ docs/design.md, the page the README and the code cite for the design, is checked
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -66,3 +69,19 @@ def test_the_anchor_rule_matches_github() -> None:
     assert "payonce-sim-a-simulated-llm-provider" in _anchors(
         "## `payonce sim`: a simulated LLM provider"
     )
+
+
+def test_the_changelog_is_one_line_entries_under_released_sections() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, re.MULTILINE)
+    assert [name for name, _ in sections][:3] == ["Unreleased", "0.2.0", "0.1.0"]
+    assert all(date for name, date in sections if name != "Unreleased")
+    # Others add lines under these headings on their branches: they must stay.
+    for name in ("Unreleased", "0.2.0"):
+        block = text.split(f"## [{name}]", 1)[1].split("\n## [", 1)[0]
+        for heading in ("### Added", "### Changed", "### Fixed"):
+            assert heading in block, f"[{name}] lacks {heading}"
+    lines = text.splitlines()
+    for before, line in itertools.pairwise(lines):
+        if before.startswith("- "):
+            assert not line.startswith("  "), f"an entry goes on past one line: {before[:60]}"
