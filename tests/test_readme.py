@@ -45,7 +45,7 @@ def test_the_readme_is_at_most_8_kb() -> None:
     assert size <= 8192, f"README.md is {size} bytes: move details to docs/"
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/design.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/design.md", "docs/gateway.md"])
 def test_every_relative_link_resolves(page: str) -> None:
     source = ROOT / page
     links = _relative_links(source)
@@ -85,3 +85,18 @@ def test_the_changelog_is_one_line_entries_under_released_sections() -> None:
     for before, line in itertools.pairwise(lines):
         if before.startswith("- "):
             assert not line.startswith("  "), f"an entry goes on past one line: {before[:60]}"
+
+
+def test_every_serve_flag_is_in_the_flags_section() -> None:
+    from payonce.cli import cli
+
+    text = (ROOT / "docs" / "gateway.md").read_text()
+    flags = text.split("\n## Flags\n", 1)[1].split("\n## ", 1)[0]
+    serve = cli.commands["serve"]
+    missing = [
+        opt
+        for param in serve.params
+        for opt in param.opts
+        if opt.startswith("--") and opt not in ("--help",) and f"`{opt}" not in flags
+    ]
+    assert missing == [], "docs/gateway.md, Flags"
