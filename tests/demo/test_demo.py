@@ -1,6 +1,6 @@
 """``payonce demo`` end to end: real processes, the official SDK, the simulator's bill.
 
-One demo run (four stacks, a few hundred business requests) is shared by the
+One demo run (five stacks, a few hundred business requests) is shared by the
 module. Its figures are checked against the ledger, against ``payonce reconcile``
 on the files it wrote, and against ``payonce simulate`` for the same stack.
 """
