@@ -175,3 +175,9 @@ def test_the_version_is_the_same_in_pyproject_the_package_and_the_lock() -> None
     assert locked["version"] == __version__, "uv sync --locked refuses a stale lock"
     changelog = (root / "CHANGELOG.md").read_text()
     assert f"## [{__version__}] - " in changelog
+
+
+def test_the_demo_help_names_the_incident() -> None:
+    help_text = payonce("demo", "--help").stdout
+    assert "article" not in help_text
+    assert "31% of its bill was duplicate generations" in " ".join(help_text.split())
