@@ -43,12 +43,16 @@ $(STAMP): $(UV) pyproject.toml uv.lock
 setup: $(STAMP)
 
 ## Start the gateway on embedded defaults: SQLite store, built-in simulated upstream.
+## The store lives in .venv/run/ (make clean removes it): the checkout stays clean.
 run: $(STAMP)
-	$(BIN)/payonce serve --upstream sim
+	@mkdir -p $(VENV)/run
+	$(BIN)/payonce serve --upstream sim --store sqlite:///$(VENV)/run/payonce.db
 
-## The incident replayed: four stacks, the same requests, one bill each (about a minute).
+## The incident replayed: five stacks, the same requests, one bill each (about two
+## minutes). Its files go to payonce-demo/ (ignored by git); the commands it prints
+## run as printed from here.
 demo: $(STAMP)
-	$(BIN)/payonce demo
+	$(BIN)/payonce demo --output payonce-demo
 
 ## What the suite needs besides .venv, one line per step on this terminal: the
 ## programs the tests drive (apt, as root), LiteLLM's and llama.cpp's virtualenvs

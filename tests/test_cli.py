@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
+from payonce import __version__
 from payonce.config import GatewaySettings
 from tests.support.processes import running
 
@@ -146,7 +148,7 @@ def test_unreachable_upstream_is_a_502_problem_after_connect_retries(tmp_path: P
 
 
 def test_version_and_help() -> None:
-    assert payonce("--version").stdout.startswith("payonce, version")
+    assert payonce("--version").stdout == f"payonce {__version__}\n"
     help_text = payonce("serve", "--help").stdout
     assert "--upstream" in help_text and "PAYONCE_" in help_text
 
@@ -162,3 +164,20 @@ def test_the_cli_does_not_import_what_only_one_command_needs() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_version_is_the_same_in_pyproject_the_package_and_the_lock() -> None:
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__
+    lock = tomllib.loads((root / "uv.lock").read_text())
+    (locked,) = [p for p in lock["package"] if p["name"] == "payonce"]
+    assert locked["version"] == __version__, "uv sync --locked refuses a stale lock"
+    changelog = (root / "CHANGELOG.md").read_text()
+    assert f"## [{__version__}] - " in changelog
+
+
+def test_the_demo_help_names_the_incident() -> None:
+    help_text = payonce("demo", "--help").stdout
+    assert "article" not in help_text
+    assert "31% of its bill was duplicate generations" in " ".join(help_text.split())

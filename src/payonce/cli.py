@@ -6,8 +6,10 @@ one line on stderr and exit code 2; nothing prints a traceback for bad input.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -84,8 +86,28 @@ def _env_only(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return value
 
 
+def _installed_version() -> str:
+    """The version of the distribution this ``payonce`` package was installed from.
+
+    Read from the package metadata when this very file belongs to it (a wheel or
+    sdist install); an editable install or a source tree on ``PYTHONPATH`` may have
+    metadata older than its code, so there ``payonce.__version__`` answers.
+    """
+    try:
+        dist = importlib.metadata.distribution("payonce")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+    here = Path(__file__).resolve()
+    for file in dist.files or ():
+        if file.name == "cli.py" and Path(str(dist.locate_file(file))).resolve() == here:
+            return dist.version
+    return __version__
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="payonce")
+@click.version_option(
+    version=_installed_version(), prog_name="payonce", message="%(prog)s %(version)s"
+)
 def cli() -> None:
     """payonce: make a retried LLM API call cost the same as one call."""
 

@@ -74,7 +74,7 @@ def parse_size(value: str | int, name: str, *, allow_zero: bool = False) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    """Everything ``payonce serve`` can be told. See README, Configuration."""
+    """Everything ``payonce serve`` can be told. See docs/gateway.md, "Flags"."""
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -130,7 +130,7 @@ class GatewaySettings:
     otel: bool = True  # spans through opentelemetry-api, when it is installed
     sim_port: int = 8100
     log_level: str = "info"
-    # Worker processes on one host, sharing the port and the store (README, Configuration).
+    # Worker processes on one host, sharing the port and the store (docs/gateway.md, "Flags").
     workers: int = 1
     # A keyed request while the store cannot answer: 503 ("closed") or forwarded
     # unprotected ("open"): availability over the promise of one run per key.

@@ -21,7 +21,7 @@ from payonce.client._classify import retry_after_seconds
 from payonce.errors import ConfigError
 
 
-def test_defaults_follow_the_article() -> None:
+def test_defaults_follow_the_incident_report() -> None:
     policy = RetryPolicy()
     assert policy.attempts == 3
     assert policy.deadline == 120

@@ -1,6 +1,6 @@
 """``payonce demo`` end to end: real processes, the official SDK, the simulator's bill.
 
-One demo run (four stacks, a few hundred business requests) is shared by the
+One demo run (five stacks, a few hundred business requests) is shared by the
 module. Its figures are checked against the ledger, against ``payonce reconcile``
 on the files it wrote, and against ``payonce simulate`` for the same stack.
 """
@@ -71,7 +71,7 @@ def test_the_usual_stack_bills_duplicates_and_payonce_none(
     demo: tuple[dict[str, Any], Path, str],
 ) -> None:
     runs = demo[0]["runs"]
-    assert runs["A"]["duplicate_ratio"] > 0.2, "the article's 31%"
+    assert runs["A"]["duplicate_ratio"] > 0.2, "the incident's 31%"
     assert runs["B"]["duplicate_generations"] == 0
     assert runs["B"]["billed_generations"] == REQUESTS  # faults are retried, never billed
     assert runs["C"]["duplicate_generations"] == 0
@@ -101,7 +101,7 @@ def test_run_b_reconciles_exactly_with_its_ledger(demo: tuple[dict[str, Any], Pa
 
 @pytest.fixture(scope="module")
 def slower_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Runs A and D at half the article's durations (about 45 s): a 5 s timeout.
+    """Runs A and D at half the incident's durations (about 45 s): a 5 s timeout.
 
     At the default --time-scale 0.1 a timeout lasts 1 s, and a loaded machine's
     delays (timers that fire late in the application's loop, a proxy slow to

@@ -1,4 +1,4 @@
-"""``payonce demo``: the article's incident replayed end to end, and payonce removing it.
+"""``payonce demo``: the retry double-billing incident replayed end to end, and payonce removing it.
 
 Real processes on free 127.0.0.1 ports (the simulated provider, a retrying proxy,
 the gateway) and the official ``openai`` SDK inside an application loop run the

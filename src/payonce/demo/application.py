@@ -1,6 +1,6 @@
-"""The demo's application: an LLM call in a retry loop, as the article's team wrote it.
+"""The demo's application: an LLM call in a retry loop, as the incident's team wrote it.
 
-``ask()`` is deliberately the code the article describes: the official SDK with
+``ask()`` is deliberately the code the incident report describes: the official SDK with
 its default retries, inside an application loop that retries once after a
 timeout. With ``use_key`` it sends one ``Idempotency-Key`` per business request
 (what payonce needs); without it, it is run A's path, and ``payonce lint``
@@ -24,7 +24,7 @@ class ScaledAsyncOpenAI(openai.AsyncOpenAI):
 
     The SDK waits ``min(0.5 * 2**n, 8)`` seconds less up to 25% jitter between
     its retries; at ``--time-scale 0.1`` the demo's latencies and timeouts are a
-    tenth of the article's, so its backoff must be too, or it would dominate.
+    tenth of the incident's, so its backoff must be too, or it would dominate.
     """
 
     time_scale: float = 1.0

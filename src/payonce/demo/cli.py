@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import shutil
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -28,14 +29,14 @@ A  the official openai SDK (max_retries=2, 10 s timeout) in an application loop
    proxy_next_upstream timeout does this). Every re-sent request is billed.
 B  the same application and SDK, one Idempotency-Key per business request,
    through payonce.
-C  the article's mitigation: no retries anywhere, a 30 s timeout.
+C  the incident report's mitigation: no retries anywhere, a 30 s timeout.
 D  payonce above that retrying proxy: payonce only sees its own upstream calls,
    so the proxy's re-sends bill again. payonce must be the last hop before the
    provider (payonce lint flags retrying nginx, Envoy and LiteLLM configs).
 E  run A's application, SDK and proxy, unchanged and sending no key, with
    payonce --dedupe-identical between the proxy and the provider: the SDK's
    retries are matched, the application's and the proxy's re-sends deduplicated.
-Latencies are in the article's time: the demo ran at --time-scale."""
+Latencies are in the incident's time: the demo ran at --time-scale."""
 
 
 def _run(work: Coroutine[Any, Any, list[RunResult]]) -> list[RunResult]:
@@ -88,10 +89,26 @@ def _reconcile(result: RunResult) -> tuple[Path, str]:
     html = result.folder / "reconcile.html"
     html.write_text(render_html(report, ()), encoding="utf-8")
     command = shlex.join(
-        ["payonce", "reconcile", "--calls", str(result.calls), "--bill",
+        [*_payonce_command(), "reconcile", "--calls", str(result.calls), "--bill",
          str(result.folder / "ledger.csv"), "--html", str(html)]
     )  # fmt: skip
     return html, command
+
+
+def _payonce_command() -> list[str]:
+    """How to run this same payonce from the same directory, as the user would type it.
+
+    ``payonce`` when that name on PATH is the program running now; the path it was
+    started by otherwise (``.venv/bin/payonce`` after ``make demo``, which puts
+    nothing on PATH); ``<python> -m payonce`` when it was started that way.
+    """
+    started = Path(sys.argv[0])
+    if started.name != "payonce":  # python -m payonce (argv[0] is its __main__.py)
+        return [sys.executable, "-m", "payonce"]
+    on_path = shutil.which("payonce")
+    if on_path is not None and Path(on_path).resolve() == started.resolve():
+        return ["payonce"]
+    return [str(started)]
 
 
 async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
@@ -130,7 +147,12 @@ async def _run_all(config: DemoConfig, show_progress: bool) -> list[RunResult]:
     "--progress/--no-progress", default=None, help="Progress bars (default: on a terminal)."
 )
 def demo_command(**options: Any) -> None:
-    """Replay the article's incident: five stacks, the same requests, one bill each.
+    """Replay the retry double-billing incident: five stacks, the same requests, one bill each.
+
+    The incident: an LLM team found 31% of its bill was duplicate generations from
+    stacked retries (client timeouts, the SDK's max_retries, a gateway's retries),
+    because providers bill when inference finishes, not when the response arrives
+    (docs/design.md, "The incident").
 
     Real processes on free local ports: the simulated provider (lognormal latency,
     p50 4 s, p99 30 s), a retrying proxy, the payonce gateway, and the official
@@ -145,7 +167,7 @@ def demo_command(**options: Any) -> None:
     runs = tuple(part.strip().upper() for part in options["runs"].split(",") if part.strip())
     unknown = [name for name in runs if name not in RUNS]
     if unknown or not runs:
-        raise ConfigError(f"--runs: {options['runs']!r}: choose among A, B, C, D")
+        raise ConfigError(f"--runs: {options['runs']!r}: choose among A, B, C, D, E")
     config = DemoConfig(
         requests=options["requests"],
         time_scale=options["time_scale"],

@@ -30,7 +30,7 @@ class RunFigures:
     wasted_usd: float
     cost_per_success_usd: float | None
     success_rate: float
-    latency_p50_s: float  # in the article's time (the demo's time divided by its scale)
+    latency_p50_s: float  # in the incident's time (the demo's time divided by its scale)
     latency_p99_s: float
     still_generating: int
 

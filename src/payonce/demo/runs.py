@@ -3,12 +3,12 @@
 =====  ===================================  ======================================
 run    stack (application → … → provider)   what it shows
 =====  ===================================  ======================================
-A      app loop (2) → SDK (3) → retrying    the article's incident: every timeout
+A      app loop (2) → SDK (3) → retrying    the incident: every timeout
        proxy (8 s, 1 re-send) → provider    and every re-send is billed again
 B      app loop (2) → SDK (3), one key per  payonce: one generation per business
        business request → payonce →         request, retries join or replay
        provider
-C      app (1) → SDK (no retries, 30 s)     the article's mitigation: no waste,
+C      app (1) → SDK (no retries, 30 s)     the report's mitigation: no waste,
        → provider                           but the slow tail fails
 D      as B, but payonce → retrying proxy   payonce is not the last hop: the
        → provider                           proxy's re-sends bill again
@@ -17,8 +17,8 @@ E      as A, no key anywhere, with payonce  no code at all: the SDK's retries ar
        proxy and the provider               re-sends deduplicated
 =====  ===================================  ======================================
 
-Durations are the article's, multiplied by ``time_scale`` when the processes
-run; user latencies are reported back in the article's time.
+Durations are the incident's, multiplied by ``time_scale`` when the processes
+run; user latencies are reported back in the incident's time.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PROMPT = "Summarise this support ticket in three sentences: {business_id}"
 
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
-    """Everything ``payonce demo`` is told; durations in the article's seconds."""
+    """Everything ``payonce demo`` is told; durations in the incident's seconds."""
 
     requests: int = 1000
     time_scale: float = 0.1
@@ -72,7 +72,7 @@ class RunSpec:
     keyed: bool
     sdk_retries: int
     app_attempts: int
-    mitigation: bool = False  # the article's fix: no retries, the long timeout
+    mitigation: bool = False  # the incident report's fix: no retries, the long timeout
     dedupe: bool = False  # payonce --dedupe-identical: re-sends nothing numbers
 
 
@@ -84,7 +84,7 @@ RUNS = {
     "E": RunSpec("E", "no key, payonce", ("proxy", "payonce"), False, 2, 2, dedupe=True),
 }
 
-# How long an identical request counts as a re-send in run E, in the article's
+# How long an identical request counts as a re-send in run E, in the incident's
 # seconds: longer than a business request's every attempt (2 app attempts x 3
 # SDK attempts x 10 s, and the backoffs), far shorter than the gap between two
 # business requests that could share a body (none do here: each names its id).

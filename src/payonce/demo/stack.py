@@ -66,7 +66,7 @@ async def _process(
 async def simulator(
     folder: Path, *, p50: float, p99: float, fail_rate: float, seed: int
 ) -> AsyncIterator[str]:
-    """``payonce sim`` with the article's latency (already scaled) and its own ledger CSV."""
+    """``payonce sim`` with the incident's latency (already scaled) and its own ledger CSV."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["-m", "payonce", "sim", "--host", "127.0.0.1", "--port", str(port)]

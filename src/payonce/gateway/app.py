@@ -1,6 +1,7 @@
 """The gateway as a pure ASGI application: routing, pass-through and the keyed state machine.
 
-Keyed request, in order (docs/gateway.md, "The contract")::
+Keyed request, in order (docs/gateway.md, "The contract"; docs/design.md, "The states
+of a keyed request")::
 
     parse key ─ bad ──────────────────────────────────────────► 400
     no credential and --require-credential ───────────────────► 401

@@ -31,7 +31,7 @@ __all__ = [
 
 MAX_KEY_LENGTH = 255  # Stripe's limit; the draft sets none.
 DEFAULT_CREDENTIAL_HEADERS = tuple(name.encode() for name in CREDENTIAL_HEADERS)
-# The tenant of requests that carry no credential: they all share it (README,
+# The tenant of requests that carry no credential: they all share it (docs/gateway.md,
 # "Security notes"); --require-credential refuses keyed ones instead.
 ANONYMOUS = "anonymous"
 _SALT = b"payonce-tenant\x00"

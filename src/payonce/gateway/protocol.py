@@ -84,7 +84,7 @@ _IDLE, _HEAD, _BODY = 0, 1, 2
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """The bounds of one connection (README, Configuration)."""
+    """The bounds of one connection (docs/gateway.md, "Flags")."""
 
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100

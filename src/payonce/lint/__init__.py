@@ -1,6 +1,6 @@
 """``payonce lint``: stacked retries and unkeyed retried LLM calls, found before the bill.
 
-The source article's checklist made executable: every retried LLM call carries
+The incident report's checklist made executable: every retried LLM call carries
 an idempotency key, only one layer retries, and timeouts give generations the
 time they take. Rules are listed in :data:`RULES` and ``docs/lint-rules.md``.
 

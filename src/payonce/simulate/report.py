@@ -1,6 +1,6 @@
 """The figures of a run, the recommended timeout, and the ``--json`` document.
 
-Definitions (the same as ``payonce reconcile``'s, README "Definitions"):
+Definitions (the same as ``payonce reconcile``'s, docs/reconcile.md "Definitions"):
 
 * **billed per request**: generations the provider billed / business requests.
 * **duplicate ratio**: duplicate generations / billed generations, where a

@@ -1,5 +1,7 @@
 """The store protocol: where idempotency records live, behind one narrow atomic interface.
 
+In brief, with the gateway's side: docs/design.md, "The store protocol".
+
 A record's life::
 
     claim ──► IN_PROGRESS ──complete(token, ttl)──► COMPLETED ──(ttl)──► purged
