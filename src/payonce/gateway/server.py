@@ -73,6 +73,7 @@ class _Server(uvicorn.Server):
         # Accepts waiting connections in batches, beside libuv's one a turn
         # (gateway/accepting.py).
         self.acceptor = Acceptor(self)
+        self._delayed: asyncio.TimerHandle | None = None  # --shutdown-delay
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -84,6 +85,22 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not ready from the first signal on; with --shutdown-delay the gateway
+        # serves on that long (load balancers and Kubernetes take it out of
+        # rotation on the failing readiness probe), then stops. A second signal
+        # stops it at once.
+        self._gateway.draining = True
+        delay = self._gateway.settings.shutdown_delay
+        if delay > 0 and self._delayed is None:
+            log.info("not ready: stopping in %g s (--shutdown-delay)", delay)
+            loop = asyncio.get_running_loop()
+            self._delayed = loop.call_later(delay, self._stop, sig, frame)
+            return
+        if self._delayed is not None:
+            self._delayed.cancel()
+        self._stop(sig, frame)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
         self._gateway.stopping = True
         super().handle_exit(sig, frame)
 
