@@ -1,0 +1,114 @@
+"""The gateway's container image for tests/deploy/, built once per machine and reused.
+
+No registry is reachable here, so the base image is made from Debian packages
+(mmdebstrap, then ``podman import``) and passed to deploy/Containerfile as its
+BASE. Both are tagged by a hash of what they are made of and reused while
+podman's storage has them: the base by its package list and the machine's CA
+bundle (the build reaches PyPI through it), the image by the base and the files
+the build copies (the Containerfile, the lock, the sources).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+__all__ = ["BASE_PACKAGES", "PODMAN", "base_image", "gateway_image", "image_key"]
+
+ROOT = Path(__file__).resolve().parents[2]
+# runc: the runtime that works on these machines (crun does not).
+PODMAN = ("podman", "--runtime", "runc")
+SUITE = "bookworm"  # Python 3.11
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# What the build copies (.containerignore lets nothing else in).
+_INPUTS = ("deploy/Containerfile", ".containerignore", "pyproject.toml", "uv.lock", "README.md")
+
+
+def _run(args: list[str], log: Path | None = None, timeout: float = 900) -> None:
+    out = log.open("ab") if log is not None else subprocess.DEVNULL
+    try:
+        done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+    if done.returncode != 0:
+        where = f", see {log}" if log is not None else ""
+        raise RuntimeError(f"{' '.join(args[:4])} … failed ({done.returncode}){where}")
+
+
+def _exists(tag: str) -> bool:
+    return subprocess.run([*PODMAN, "image", "exists", tag], check=False).returncode == 0
+
+
+def base_image(log: Path, mmdebstrap: str) -> str:
+    """The tag of the Debian base with Python, built if podman does not have it."""
+    digest = hashlib.sha256(SUITE.encode() + " ".join(BASE_PACKAGES).encode())
+    if CA_BUNDLE.exists():
+        digest.update(CA_BUNDLE.read_bytes())
+    tag = f"localhost/payonce-test-base:{digest.hexdigest()[:16]}"
+    if _exists(tag):
+        return tag
+    tar = log.parent / "base.tar"
+    hooks = []
+    if CA_BUNDLE.exists():
+        # The machine's CA bundle, so that pip and uv reach PyPI from inside the build
+        # as they do here (a base image of one's own carries its CA the same way).
+        hooks = [f"--customize-hook=copy-in {CA_BUNDLE} {CA_BUNDLE.parent}"]
+    _run(
+        [
+            mmdebstrap,
+            "--variant=apt",
+            f"--include={','.join(BASE_PACKAGES)}",
+            *hooks,
+            "--format=tar",
+            SUITE,
+            str(tar),
+        ],
+        log,
+    )
+    try:
+        _run([*PODMAN, "import", str(tar), tag], log)
+    finally:
+        tar.unlink(missing_ok=True)
+    return tag
+
+
+def image_key(base: str) -> str:
+    """A hash of the base and of every file the image is built from."""
+    digest = hashlib.sha256(base.encode())
+    files = [ROOT / name for name in _INPUTS] + [ROOT / "requirements/uv.txt"]
+    files += sorted(
+        p for p in (ROOT / "src").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
+    for path in files:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def gateway_image(log: Path, mmdebstrap: str) -> str:
+    """The tag of the gateway's image built from this checkout on the Debian base."""
+    base = base_image(log, mmdebstrap)
+    tag = f"localhost/payonce-test:{image_key(base)}"
+    if _exists(tag):
+        return tag
+    _run(
+        [
+            *PODMAN,
+            "build",
+            "--network",
+            "host",
+            "--format",
+            "docker",  # HEALTHCHECK is kept only in the docker format
+            "--build-arg",
+            f"BASE={base}",
+            "--file",
+            str(ROOT / "deploy/Containerfile"),
+            "--tag",
+            tag,
+            str(ROOT),
+        ],
+        log,
+    )
+    return tag
