@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 
-from tests.support.processes import free_port, start_payonce
+from tests.support.processes import Process, free_port, start_payonce
+from tests.support.redis import running_redis
 from tests.support.waiting import wait_until
 
 
@@ -60,12 +62,12 @@ def test_ready_with_upstream_is_503_while_the_upstream_does_not_answer(tmp_path:
         gateway.stop()
 
 
-def test_sigterm_makes_ready_503_for_the_shutdown_delay_while_requests_are_served(
-    tmp_path: Path,
-) -> None:
-    gateway = start_payonce(
+def _delayed(tmp_path: Path, workers: int = 1) -> Process:
+    return start_payonce(
         [
             "serve",
+            "--workers",
+            str(workers),
             "--upstream",
             "sim",
             "--sim-port",
@@ -78,11 +80,21 @@ def test_sigterm_makes_ready_503_for_the_shutdown_delay_while_requests_are_serve
         log_dir=tmp_path,
         ready_path="/_payonce/health/ready",
     )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_makes_ready_503_for_the_shutdown_delay_while_requests_are_served(
+    tmp_path: Path, workers: int
+) -> None:
+    gateway = _delayed(tmp_path, workers)
     try:
         gateway.popen.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
+        # With workers, every one of them: the probe's connection may reach any.
         wait_until(
-            lambda: _get(gateway.url + "/_payonce/health/ready").status_code == 503,
+            lambda: all(
+                _get(gateway.url + "/_payonce/health/ready").status_code == 503 for _ in range(8)
+            ),
             "readiness to fail after SIGTERM",
         )
         ready = _get(gateway.url + "/_payonce/health/ready")
@@ -101,3 +113,62 @@ def test_sigterm_makes_ready_503_for_the_shutdown_delay_while_requests_are_serve
         assert time.monotonic() - signalled >= 3
     finally:
         gateway.stop()
+
+
+def test_a_second_sigterm_during_the_delay_stops_the_gateway_at_once(tmp_path: Path) -> None:
+    gateway = _delayed(tmp_path)
+    try:
+        gateway.popen.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: _get(gateway.url + "/_payonce/health/ready").status_code == 503,
+            "readiness to fail after SIGTERM",
+        )
+        signalled = time.monotonic()
+        gateway.popen.send_signal(signal.SIGTERM)
+        assert gateway.popen.wait(20) == 0, gateway.output()
+        assert time.monotonic() - signalled < 2
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("policy", "down"),
+    [("closed", (503, "unavailable")), ("open", (200, "degraded"))],
+)
+def test_ready_follows_the_store_while_live_stays_200(
+    tmp_path: Path, policy: str, down: tuple[int, str]
+) -> None:
+    with running_redis(tmp_path) as redis:
+        gateway = start_payonce(
+            [
+                "serve",
+                "--upstream",
+                "sim",
+                "--sim-port",
+                str(free_port()),
+                "--store",
+                redis.url + "?timeout=0.5",
+                "--on-store-failure",
+                policy,
+            ],
+            log_dir=tmp_path,
+            ready_path="/_payonce/health/ready",
+        )
+        try:
+            redis.stop()
+            ready = _get(gateway.url + "/_payonce/health/ready")
+            assert (ready.status_code, ready.json()) == (
+                down[0],
+                {"status": down[1], "store": "unavailable"},
+            )
+            assert _get(gateway.url + "/_payonce/health/live").status_code == 200
+            redis.start()
+            wait_until(
+                lambda: (
+                    _get(gateway.url + "/_payonce/health/ready").status_code == 200
+                    and _get(gateway.url + "/_payonce/health/ready").json()["status"] == "ok"
+                ),
+                "readiness once the store is back",
+            )
+        finally:
+            gateway.stop()

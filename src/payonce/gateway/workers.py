@@ -261,7 +261,8 @@ class _Supervisor:
 
     @property
     def grace(self) -> float:
-        return self.settings.lease + _DRAIN_MARGIN
+        # Each worker serves on for --shutdown-delay before its drain begins.
+        return self.settings.shutdown_delay + self.settings.lease + _DRAIN_MARGIN
 
     def _spawn(self, number: int) -> None:
         sys.stdout.flush()
