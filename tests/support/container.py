@@ -111,4 +111,22 @@ def gateway_image(log: Path, mmdebstrap: str) -> str:
         ],
         log,
     )
+    _forget_other_builds(tag)
     return tag
+
+
+def _forget_other_builds(tag: str) -> None:
+    """Remove the images of earlier checkouts (one per change to src/): only this one stays."""
+    repository = tag.split(":")[0]
+    listed = subprocess.run(
+        [*PODMAN, "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    old = [
+        name for name in listed.stdout.split() if name.startswith(repository + ":") and name != tag
+    ]
+    if old:
+        # With their untagged parents (the build's cached steps) that nothing else uses.
+        subprocess.run([*PODMAN, "rmi", *old], capture_output=True, check=False)
