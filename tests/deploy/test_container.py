@@ -19,7 +19,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.support import apt
+from tests.support import apt, prepare
 from tests.support.container import PODMAN, gateway_image
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
@@ -39,6 +39,11 @@ def _podman(*args: str, check: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Built by tests.support.prepare before the tests (this only finds it), or
+    # here if that failed to: the test fails with its reason, it never skips.
+    failed = prepare.failed("tests/deploy/test_container.py")
+    if failed is not None:
+        pytest.fail(f"the image could not be built: {failed}")
     apt.installed(("podman",), "podman", required=True)
     apt.installed(("runc",), "runc", required=True)
     mmdebstrap = apt.installed(("mmdebstrap",), "mmdebstrap", required=True)

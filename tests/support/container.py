@@ -12,11 +12,23 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BASE_PACKAGES", "PODMAN", "base_image", "gateway_image", "image_key"]
+from tests.support import apt
+
+__all__ = [
+    "BASE_PACKAGES",
+    "LOG",
+    "PODMAN",
+    "base_image",
+    "gateway_image",
+    "image_key",
+    "prepare",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / ".venv" / "container-build.log"
 # runc: the runtime that works on these machines (crun does not).
 PODMAN = ("podman", "--runtime", "runc")
 SUITE = "bookworm"  # Python 3.11
@@ -39,15 +51,21 @@ def _run(args: list[str], log: Path | None = None, timeout: float = 900) -> None
 
 
 def _exists(tag: str) -> bool:
+    if not tag:
+        return False
     return subprocess.run([*PODMAN, "image", "exists", tag], check=False).returncode == 0
+
+
+def _base_tag() -> str:
+    digest = hashlib.sha256(SUITE.encode() + " ".join(BASE_PACKAGES).encode())
+    if CA_BUNDLE.exists():
+        digest.update(CA_BUNDLE.read_bytes())
+    return f"localhost/payonce-test-base:{digest.hexdigest()[:16]}"
 
 
 def base_image(log: Path, mmdebstrap: str) -> str:
     """The tag of the Debian base with Python, built if podman does not have it."""
-    digest = hashlib.sha256(SUITE.encode() + " ".join(BASE_PACKAGES).encode())
-    if CA_BUNDLE.exists():
-        digest.update(CA_BUNDLE.read_bytes())
-    tag = f"localhost/payonce-test-base:{digest.hexdigest()[:16]}"
+    tag = _base_tag()
     if _exists(tag):
         return tag
     tar = log.parent / "base.tar"
@@ -116,17 +134,46 @@ def gateway_image(log: Path, mmdebstrap: str) -> str:
 
 
 def _forget_other_builds(tag: str) -> None:
-    """Remove the images of earlier checkouts (one per change to src/): only this one stays."""
+    """Remove the images of earlier checkouts (one per change to src/) made over an hour ago.
+
+    Not the recent ones: another checkout's test run on this machine may be using
+    its own. ``podman rmi`` takes their cached build steps along.
+    """
     repository = tag.split(":")[0]
     listed = subprocess.run(
-        [*PODMAN, "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
+        [
+            *PODMAN,
+            "images",
+            "--filter",
+            f"reference={repository}",
+            "--filter",
+            "until=1h",
+            "--format",
+            "{{.Repository}}:{{.Tag}}",
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
-    old = [
-        name for name in listed.stdout.split() if name.startswith(repository + ":") and name != tag
-    ]
+    old = [name for name in listed.stdout.split() if name != tag]
     if old:
-        # With their untagged parents (the build's cached steps) that nothing else uses.
         subprocess.run([*PODMAN, "rmi", *old], capture_output=True, check=False)
+
+
+def prepare(say: Callable[[str], object]) -> str:
+    """For ``python -m tests.support.prepare``: the image, built when podman lacks it."""
+    for program in ("podman", "runc", "mmdebstrap"):
+        apt.ensure((program,), program)
+    mmdebstrap = apt.ensure(("mmdebstrap",), "mmdebstrap")
+    if _exists(_built_tag()):
+        return "ready"
+    say(f"prepare: building the gateway's container image (1-2 minutes the first time); log: {LOG}")
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text("")
+    return f"built {gateway_image(LOG, mmdebstrap)}"
+
+
+def _built_tag() -> str:
+    """The image's tag if its base is there (without the base, it cannot be either)."""
+    base = _base_tag()
+    return f"localhost/payonce-test:{image_key(base)}" if _exists(base) else ""
