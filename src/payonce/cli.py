@@ -233,6 +233,15 @@ def cli() -> None:
     help="Claim lease, renewed every third of it while the upstream call runs.",
 )
 @click.option(
+    "--shutdown-delay",
+    envvar=_env("shutdown_delay"),
+    type=Duration(),
+    default="0s",
+    show_default=True,
+    help="At SIGTERM, answer /_payonce/health/ready 503 and keep serving this long"
+    " before stopping (for load balancers and Kubernetes to take the gateway out first).",
+)
+@click.option(
     "--ttl",
     envvar=_env("ttl"),
     type=Duration(),

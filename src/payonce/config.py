@@ -91,6 +91,9 @@ class GatewaySettings:
     require_credential: bool = False
     wait_timeout: float = 60.0
     lease: float = 30.0
+    # At SIGTERM: answer /_payonce/health/ready 503 and keep serving this long
+    # before the listener closes and the drain begins (docs/deploy.md, probes).
+    shutdown_delay: float = 0.0
     ttl: float = 86400.0
     max_body: int = 10 * 1024 * 1024
     # What a client may send before the app sees a request, and how slowly
@@ -159,6 +162,8 @@ class GatewaySettings:
             )
         if self.lease < 1:
             raise ConfigError("--lease: must be at least 1s (it is renewed every third of it)")
+        if self.shutdown_delay < 0:
+            raise ConfigError("--shutdown-delay: must not be negative")
         if self.ttl < self.lease:
             raise ConfigError("--ttl: must be at least as long as --lease")
         if self.wait_timeout <= 0:

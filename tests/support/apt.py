@@ -54,6 +54,11 @@ PROGRAMS = (
     Program(("gcc",), "gcc", True, "the SQLite store's tests on a slow disk"),
     Program(("c++", "g++"), "g++", True, "building llama-cpp-python (tests/upstreams)"),
     Program(("wrk",), "wrk", True, "the benchmarks' quick run"),
+    Program(("podman",), "podman", True, "the container image's test (tests/deploy)"),
+    Program(("runc",), "runc", True, "the container image's test (tests/deploy)"),
+    Program(("mmdebstrap",), "mmdebstrap", True, "the container image's Debian base"),
+    Program(("podman-compose",), "podman-compose", True, "checking deploy/compose.yaml"),
+    Program(("systemd-analyze",), "systemd", True, "checking deploy/payonce.service"),
     Program(
         ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"),
         "chromium",

@@ -3,15 +3,17 @@
 ``python -m tests.support.prepare`` (``make test`` runs it before pytest):
 
 1. the Debian packages of the programs the tests run (:data:`tests.support.apt.PROGRAMS`:
-   Redis, PostgreSQL, PgBouncer, Prometheus, gcc, wrk, Chromium, and g++ for
-   step 5), installed with apt when missing (as root; otherwise a required one
+   Redis, PostgreSQL, PgBouncer, Prometheus, gcc, wrk, podman, Chromium, and g++ for
+   step 6), installed with apt when missing (as root; otherwise a required one
    missing fails here, an optional one is reported and its tests skip);
 2. LiteLLM's virtualenv for ``tests/upstreams/test_litellm.py`` (about 3 minutes
    the first time);
 3. older SDK releases for ``tests/client/test_sdk_versions.py`` (seconds: tests/support/sdks.py);
 4. the frameworks of docs/recipes.md for ``tests/recipes/`` (two virtualenvs and
    the openai Node SDK: about a minute the first time, ``tests/support/frameworks.py``);
-5. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
+5. the gateway's container image for ``tests/deploy/test_container.py`` (about
+   2 minutes the first time: tests/support/container.py);
+6. llama.cpp's server for ``tests/upstreams/test_llama_cpp.py`` (a first build of
    llama-cpp-python: about 15 minutes of CPU on 2 cores, up to 30 on busy ones).
 
 One line per step: what, for which tests, how long it took, and where its log is
@@ -20,7 +22,7 @@ is ready it takes a second or two. On a failure it stops and exits 1 with one
 line: the step, the reason, the log.
 
 Run by pytest itself, without ``make`` (:func:`prepare_for_tests`, called from
-``tests/conftest.py``), steps 2 to 5 are done before the first test when a
+``tests/conftest.py``), steps 2 to 6 are done before the first test when a
 selected test needs them; under xdist by the controller, whose terminal is the
 one that shows it (a worker's output is never shown), before any test is handed
 out. Workers never build llama.cpp: they take what was prepared.
@@ -34,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import apt, frameworks, litellm, llama_cpp, sdks
+from tests.support import apt, container, frameworks, litellm, llama_cpp, sdks
 
 __all__ = ["FAILED", "STEPS", "Step", "failed", "main", "prepare_for_tests", "run"]
 
@@ -118,6 +120,13 @@ STEPS = (
         "tests/client/test_sdk_versions.py",
         sdks.LOG,
         sdks.prepare_all,
+    ),
+    Step(
+        "the gateway's container image (podman, its base from Debian packages)",
+        "the image driven with the openai SDK",
+        "tests/deploy/test_container.py",
+        container.LOG,
+        container.prepare,
     ),
     Step(
         f"llama.cpp's server ({llama_cpp.HOME.relative_to(ROOT)})",

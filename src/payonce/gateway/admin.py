@@ -207,6 +207,53 @@ async def _health(gateway: Gateway, scope: Scope, receive: Receive, send: Send, 
     await send_json(send, 200, {"status": "ok", "store": "ok"})
 
 
+async def _live(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+    # Liveness: the process and its event loop answer. Nothing else is checked,
+    # so a store outage never gets the gateway restarted (docs/deploy.md, probes).
+    await send_json(send, 200, {"status": "ok"})
+
+
+def _wants_upstream(query: bytes) -> bool:
+    values = parse_qs(query.decode("latin-1")).get("upstream")
+    if not values:
+        return False
+    value = values[-1].lower()
+    if value not in ("true", "false", "1", "0"):
+        raise BadQuery(f"upstream={values[-1]!r} must be true or false")
+    return value in ("true", "1")
+
+
+async def _ready(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+    # Readiness: whether to send this gateway requests. 503 while draining (from
+    # SIGTERM on), when the store does not answer (with --on-store-failure open
+    # the gateway still serves: 200, degraded, like /_payonce/health), and with
+    # ?upstream=true when no TCP connection to the upstream opens.
+    upstream = _wants_upstream(scope["query_string"])
+    document: dict[str, object] = {"status": "ok", "store": "ok"}
+    if upstream:
+        document["upstream"] = "ok"
+    ready = True
+    if gateway.draining:
+        document["status"], ready = "draining", False
+    try:
+        await gateway.store.ping()
+    except StorageError as exc:
+        document["store"] = "unavailable"
+        if gateway.settings.on_store_failure == "open":
+            gateway.store_failures.note(exc, "readiness answered degraded")
+            if ready:
+                document["status"] = "degraded"
+        else:
+            gateway.store_failures.note(exc, "readiness answered not ready")
+            if ready:
+                document["status"], ready = "unavailable", False
+    if upstream and not await gateway.upstream.reachable():
+        document["upstream"] = "unavailable"
+        if ready:
+            document["status"], ready = "unavailable", False
+    await send_json(send, 200 if ready else 503, document)
+
+
 async def _openapi(gateway: Gateway, scope: Scope, receive: Receive, send: Send, _: str) -> None:
     await send_response(send, 200, [(b"content-type", b"application/json")], openapi_json())
 
@@ -299,6 +346,8 @@ async def _deliver(
 # what the OpenAPI description (gateway/openapi.py) must list, path for path.
 ROUTES: dict[str, Handler] = {
     "/_payonce/health": _health,
+    "/_payonce/health/live": _live,
+    "/_payonce/health/ready": _ready,
     "/_payonce/metrics": _metrics,
     "/_payonce/openapi.json": _openapi,
     "/_payonce/requests/{key}": _status,

@@ -197,6 +197,8 @@ class Gateway:
             ),
         )
         self.stopping = False  # set at SIGTERM (gateway/server.py)
+        # Set at SIGTERM too, --shutdown-delay before ``stopping``: not ready.
+        self.draining = False
         # Storage errors, answered with a fixed problem and logged for the operator.
         self.store_failures = StoreFailures(self.clock, settings.store)
         # Keyed runs this process owns, by (tenant, key): the single-flight table.

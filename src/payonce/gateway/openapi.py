@@ -222,6 +222,22 @@ def _schemas() -> Json:
                 "store": {"enum": ["ok", "unavailable"]},
             },
         },
+        "Liveness": {
+            "type": "object",
+            "required": ["status"],
+            "additionalProperties": False,
+            "properties": {"status": {"const": "ok"}},
+        },
+        "Readiness": {
+            "type": "object",
+            "required": ["status", "store"],
+            "additionalProperties": False,
+            "properties": {
+                "status": {"enum": ["ok", "degraded", "draining", "unavailable"]},
+                "store": {"enum": ["ok", "unavailable"]},
+                "upstream": {"enum": ["ok", "unavailable"]},
+            },
+        },
         "Record": {
             "type": "object",
             "description": "One key's record, as its tenant sees it (docs/gateway.md).",
@@ -319,6 +335,67 @@ def openapi_document() -> Json:
                     },
                     ("The store cannot answer.", (StoreUnavailable, StoreTimeout)),
                 ),
+            }
+        },
+        "/_payonce/health/live": {
+            "get": {
+                "operationId": "healthLive",
+                "summary": "Liveness: the gateway process answers (checks nothing else)",
+                "responses": _responses(
+                    {
+                        "description": "The process answers.",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/Liveness"}
+                            }
+                        },
+                    }
+                ),
+            }
+        },
+        "/_payonce/health/ready": {
+            "get": {
+                "operationId": "healthReady",
+                "summary": "Readiness: the store answers, the gateway is not draining",
+                "parameters": [
+                    {
+                        "name": "upstream",
+                        "in": "query",
+                        "required": False,
+                        "description": (
+                            "`true`: also check that a TCP connection to the upstream"
+                            " opens (no request is sent)."
+                        ),
+                        "schema": {"enum": ["true", "false", "1", "0"]},
+                    }
+                ],
+                "responses": {
+                    **_responses(
+                        {
+                            "description": (
+                                "Ready (`degraded`: the store does not answer and the"
+                                " gateway runs with `--on-store-failure open`)."
+                            ),
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/Readiness"}
+                                }
+                            },
+                        },
+                        ("`upstream` is not true or false.", (BadQuery,)),
+                    ),
+                    "503": {
+                        "description": (
+                            "Not ready: draining after SIGTERM, the store does not answer,"
+                            " or (with `upstream=true`) the upstream does not."
+                        ),
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/Readiness"}
+                            }
+                        },
+                    },
+                },
             }
         },
         "/_payonce/metrics": {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -33,11 +34,19 @@ from payonce.listening import close_all, listen
 from payonce.observe.calllog import CallLog, CallLogPipe, CallLogSink
 from payonce.observe.pricing import install_prices, load_prices
 from payonce.open_files import raise_open_files_limit
+from payonce.sim.parent import PARENT_VARIABLE
 from payonce.store import Codec, Sealing, open_store
 from payonce.store.redis import redacted
 from payonce.store.sealing import PLAIN, load_keys
 
-__all__ = ["WorkerLink", "bind_simulator", "run", "serve", "simulator_command"]
+__all__ = [
+    "WorkerLink",
+    "bind_simulator",
+    "run",
+    "serve",
+    "simulator_command",
+    "simulator_env",
+]
 
 log = logging.getLogger("payonce.gateway")
 
@@ -73,6 +82,7 @@ class _Server(uvicorn.Server):
         # Accepts waiting connections in batches, beside libuv's one a turn
         # (gateway/accepting.py).
         self.acceptor = Acceptor(self)
+        self._delayed: asyncio.TimerHandle | None = None  # --shutdown-delay
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -84,6 +94,22 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not ready from the first signal on; with --shutdown-delay the gateway
+        # serves on that long (load balancers and Kubernetes take it out of
+        # rotation on the failing readiness probe), then stops. A second signal
+        # stops it at once.
+        self._gateway.draining = True
+        delay = self._gateway.settings.shutdown_delay
+        if delay > 0 and self._delayed is None:
+            log.info("not ready: stopping in %g s (--shutdown-delay)", delay)
+            loop = asyncio.get_running_loop()
+            self._delayed = loop.call_later(delay, self._stop, sig, frame)
+            return
+        if self._delayed is not None:
+            self._delayed.cancel()
+        self._stop(sig, frame)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
         self._gateway.stopping = True
         super().handle_exit(sig, frame)
 
@@ -131,12 +157,21 @@ def simulator_command(listener: socket.socket) -> list[str]:
     ]  # fmt: skip
 
 
+def simulator_env() -> dict[str, str]:
+    """The environment of ``payonce sim`` started by this process: it knows its parent.
+
+    The simulator ends when its parent is gone, and takes a parent of pid 1 for
+    init (it was orphaned) unless told that pid 1 is its gateway, as in a container.
+    """
+    return {**os.environ, PARENT_VARIABLE: str(os.getpid())}
+
+
 @contextlib.asynccontextmanager
 async def embedded_sim(listener: socket.socket) -> AsyncIterator[str]:
     """Start ``payonce sim`` on ``listener`` (for ``--upstream sim``) and stop it after."""
     port = listener.getsockname()[1]
     process = await asyncio.create_subprocess_exec(
-        *simulator_command(listener), pass_fds=(listener.fileno(),)
+        *simulator_command(listener), pass_fds=(listener.fileno(),), env=simulator_env()
     )
     # The child's alone now: if it dies, nothing listens on the port any more.
     listener.close()

@@ -131,6 +131,21 @@ class Upstream:
         if self._pool is not None:
             self._pool.close()
 
+    async def reachable(self) -> bool:
+        """Whether a TCP connection to the upstream opens within the connect timeout.
+
+        What ``/_payonce/health/ready?upstream=true`` checks: it sends no request,
+        so it spends nothing and needs no credential.
+        """
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port), self._connect_timeout
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
+
     def url_for(self, raw_path: str, query: str) -> URL:
         target = self._origin + self._prefix + raw_path + ("?" + query if query else "")
         return URL(target, encoded=True)

@@ -164,7 +164,11 @@ async def _prepare(url: str, migrate: bool) -> None:
 def _start_simulator(listener: socket.socket) -> tuple[subprocess.Popen[bytes], str]:
     """One ``payonce sim`` for every worker (``--upstream sim``), serving ``listener``."""
     port = listener.getsockname()[1]
-    process = subprocess.Popen(server.simulator_command(listener), pass_fds=(listener.fileno(),))
+    process = subprocess.Popen(
+        server.simulator_command(listener),
+        pass_fds=(listener.fileno(),),
+        env=server.simulator_env(),
+    )
     # The child's alone now: if it dies, nothing listens on the port any more.
     listener.close()
     url = f"http://127.0.0.1:{port}"
@@ -257,7 +261,8 @@ class _Supervisor:
 
     @property
     def grace(self) -> float:
-        return self.settings.lease + _DRAIN_MARGIN
+        # Each worker serves on for --shutdown-delay before its drain begins.
+        return self.settings.shutdown_delay + self.settings.lease + _DRAIN_MARGIN
 
     def _spawn(self, number: int) -> None:
         sys.stdout.flush()

@@ -18,23 +18,32 @@ import os
 import signal
 import sys
 
-__all__ = ["end_with_parent", "watch_parent"]
+__all__ = ["PARENT_VARIABLE", "end_with_parent", "watch_parent"]
 
 _PR_SET_PDEATHSIG = 1
+
+
+# The gateway's pid, set by the gateway that starts the simulator (gateway/server.py).
+PARENT_VARIABLE = "_PAYONCE_SIM_PARENT"
 
 
 def end_with_parent() -> bool:
     """Ask the kernel for SIGTERM when the parent dies; False where it cannot (not Linux).
 
-    Exits at once if the parent is already gone (it died before the request).
+    Exits at once if the parent is already gone (it died before the request): the
+    parent is not the pid the gateway passed in ``_PAYONCE_SIM_PARENT``, or, without
+    it, is pid 1. The variable matters in a container, where the gateway itself
+    is pid 1 (deploy/Containerfile).
     """
     parent = os.getppid()
+    expected = os.environ.get(PARENT_VARIABLE, "")
+    orphaned = parent != int(expected) if expected.isdigit() else parent == 1
     done = False
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             done = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
-    if parent == 1 or os.getppid() != parent:
+    if orphaned or os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
     return done
 
