@@ -187,6 +187,23 @@ def cli() -> None:
     " x-api-key, api-key and x-goog-api-key are always read.",
 )
 @click.option(
+    "--scenario-header",
+    envvar=_env("scenario_header"),
+    multiple=True,
+    metavar="NAME",
+    help="Another header naming a request's business scenario, such as"
+    " Helicone-Property-Feature or x-litellm-tags (repeatable; X-Payonce-Scenario is"
+    " always read, first).",
+)
+@click.option(
+    "--scenarios",
+    envvar=_env("scenarios"),
+    multiple=True,
+    metavar="A,B,C",
+    help="The scenarios the metrics label (comma-separated, repeatable); any other is"
+    " labelled 'other'. The call log keeps every scenario as sent.",
+)
+@click.option(
     "--require-credential/--no-require-credential",
     envvar=_env("require_credential"),
     default=False,

@@ -103,6 +103,7 @@ from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
+from payonce.observe.scenarios import Scenarios
 from payonce.observe.tracing import open_tracing
 from payonce.store import ClaimStatus, Record, RecordState, Store, StoredResponse
 
@@ -178,9 +179,10 @@ class Gateway:
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
-        self.metrics = Metrics(metrics_dir) if settings.metrics else None
+        scenarios = Scenarios(settings.scenario_header, settings.scenarios)
+        self.metrics = Metrics(metrics_dir, scenarios) if settings.metrics else None
         tracing = open_tracing() if settings.otel else None
-        self.observer = Observer(self.metrics, call_log, self.clock, tracing)
+        self.observer = Observer(self.metrics, call_log, self.clock, tracing, scenarios)
         self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
         if tracing is not None:
             tracing.server = upstream.server
