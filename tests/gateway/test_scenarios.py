@@ -102,3 +102,6 @@ def test_a_mix_of_scenarios_and_endpoints_is_logged_and_counted(
         (ENDPOINT[path], scenario[1] if scenario else None) for path, scenario, _, _ in SCRIPT
     ]
     assert {line["scenario"] for line in lines} >= {"search-index"}, "the exact value is kept"
+    forwarded = [line for line in lines if line["cost_usd"]]
+    assert len(forwarded) == 5
+    assert {line["price_source"] for line in forwarded} == {"genai-prices"}

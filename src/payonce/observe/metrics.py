@@ -3,8 +3,8 @@
 Every name here is what ``deploy/grafana/payonce.json`` queries (a test checks
 that). Labels stay low-cardinality: no tenant, key or model label on counters
 that grow per request, except ``model`` on cost counters, whose values are the
-price table's names (built in and ``--prices``) and ``other``: never a name a
-caller made up (:func:`model_label`).
+names of what priced them (``--prices`` entries, genai-prices model ids) and
+``other``: never a name a caller made up (:func:`model_label`).
 
 Idempotency hit rate: ``(replayed + joined) / (forwarded + replayed + joined)``
 from ``payonce_requests_total{outcome}``. Cost per successful call:
@@ -30,7 +30,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from payonce.observe.counting import Buckets, Deferred, Slot, Slots, use_values
 from payonce.observe.limit_metrics import limit_counters
-from payonce.observe.pricing import PRICES, priced_name
+from payonce.observe.pricing import PRICES, USUAL_MODELS, priced_name
 from payonce.observe.scenarios import ENDPOINTS, Scenarios
 
 if TYPE_CHECKING:
@@ -279,9 +279,10 @@ class Metrics:
         # take a series' first sample as its starting point, so a child created with
         # its first counts in it would lose them (after every restart, the first
         # scrape interval's spend of each model). The label values known in advance
-        # are: every price table entry (built in and --prices, installed before the
-        # gateway is built) and the usual upstream statuses.
-        for name in PRICES:
+        # are: every --prices entry (installed before the gateway is built), the usual
+        # models (pricing.USUAL_MODELS) and the usual upstream statuses.
+        usual = (priced_name(model) for model in USUAL_MODELS)
+        for name in dict.fromkeys([*PRICES, *(name for name in usual if name is not None)]):
             self.cost.labels(name)
             self.saved_cost.labels(name)
         for status in _UPSTREAM_STATUSES:
