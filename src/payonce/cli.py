@@ -607,8 +607,17 @@ def encryption_key_command(show_ids: bool) -> None:
     show_default=True,
     help="Set OPENAI_BASE_URL and ANTHROPIC_BASE_URL to the gateway.",
 )
+@click.option(
+    "--scenario",
+    default=None,
+    metavar="NAME",
+    help="The business scenario every SDK call names (X-Payonce-Scenario) unless"
+    " payonce.auto.scenario() names another ($PAYONCE_SCENARIO).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run_command(gateway: str, key_header: str, base_url: bool, command: tuple[str, ...]) -> None:
+def run_command(
+    gateway: str, key_header: str, base_url: bool, scenario: str | None, command: tuple[str, ...]
+) -> None:
     """Run COMMAND with every openai/anthropic SDK client protected by the gateway.
 
     \b
@@ -623,7 +632,13 @@ def run_command(gateway: str, key_header: str, base_url: bool, command: tuple[st
     """
     from payonce.auto.launch import environment, gateway_url, launch
 
-    env = environment(os.environ, gateway_url(gateway), key_header=key_header, base_urls=base_url)
+    env = environment(
+        os.environ,
+        gateway_url(gateway),
+        key_header=key_header,
+        base_urls=base_url,
+        scenario=scenario,
+    )
     launch(command, env)
 
 
