@@ -421,7 +421,7 @@ def cli() -> None:
     envvar=_env("prices"),
     default=None,
     type=click.Path(dir_okay=False),
-    help="TOML or JSON file of model prices that extends or overrides the built-in table.",
+    help="TOML or JSON file of model prices that win over the genai-prices database.",
 )
 @click.option(
     "--metrics/--no-metrics",
