@@ -132,6 +132,7 @@ def test_scenario_settings_come_from_toml_and_env(
         '[serve]\nupstream = "http://127.0.0.1:9"\nstore = "memory://"\n'
         'scenarios = ["invoice-summary", "refunds"]\n'
         'scenario-header = "Helicone-Property-Feature"\n'
+        '[serve.credential-scenario]\n"t-batch" = "nightly-batch"\n'
     )
 
     def labels(gw_url: str) -> set[str]:

@@ -63,6 +63,10 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
             # A repeatable option may be one string in the file ("x-a, x-b").
             if getattr(param, "multiple", False) and isinstance(values.get(param.name), str):
                 values[str(param.name)] = [values[str(param.name)]]
+            # Or a table of NAME=VALUE pairs ([credential-scenario]).
+            if getattr(param, "multiple", False) and isinstance(values.get(param.name), dict):
+                table = values[str(param.name)]
+                values[str(param.name)] = [f"{key}={value}" for key, value in table.items()]
         ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
@@ -202,6 +206,14 @@ def cli() -> None:
     metavar="A,B,C",
     help="The scenarios the metrics label (comma-separated, repeatable); any other is"
     " labelled 'other'. The call log keeps every scenario as sent.",
+)
+@click.option(
+    "--credential-scenario",
+    envvar=_env("credential_scenario"),
+    multiple=True,
+    metavar="TENANT=NAME",
+    help="The scenario of a credential's requests that name none (TENANT from payonce"
+    " tenant-id; repeatable, or a [credential-scenario] table in the config file).",
 )
 @click.option(
     "--require-credential/--no-require-credential",

@@ -90,6 +90,9 @@ class GatewaySettings:
     # (observe/scenarios.py), and the scenarios the metrics label ("other" else).
     scenario_header: tuple[str, ...] = ()
     scenarios: tuple[str, ...] = ()
+    # The scenario of a credential's requests that name none: tenant id (payonce
+    # tenant-id) -> scenario; "TENANT=NAME" strings from the flag, a table in TOML.
+    credential_scenario: tuple[str, ...] | dict[str, str] = ()
     # Refuse keyed requests without a credential (401) instead of sharing the
     # anonymous tenant among them.
     require_credential: bool = False
@@ -222,6 +225,9 @@ class GatewaySettings:
             if not _HEADER_NAME.fullmatch(name):
                 raise ConfigError(f"--scenario-header: {name!r} is not a header name")
         object.__setattr__(self, "scenarios", _scenario_list(self.scenarios))
+        object.__setattr__(
+            self, "credential_scenario", _credential_scenarios(self.credential_scenario)
+        )
         if not 1 <= self.workers <= 64:
             raise ConfigError(f"--workers: {self.workers} is not between 1 and 64")
         if self.workers > 1 and self.store == "memory://":
@@ -278,6 +284,32 @@ def _scenario_list(raw: object) -> tuple[str, ...]:
         if name in ("other", "none") or len(name) > 100:
             raise ConfigError(f"--scenarios: {name!r} cannot be a scenario label")
     return names
+
+
+def _credential_scenarios(raw: object) -> dict[str, str]:
+    """``--credential-scenario TENANT=NAME`` (repeatable) or a TOML table, as a dict."""
+    if isinstance(raw, dict):
+        items = [(str(k), str(v)) for k, v in raw.items()]
+    else:
+        items = []
+        for item in (raw,) if isinstance(raw, str) else cast("tuple[str, ...]", raw):
+            for part in str(item).split(","):
+                if not part.strip():
+                    continue
+                tenant, sep, name = part.partition("=")
+                if not sep:
+                    raise ConfigError(
+                        f"--credential-scenario: expected TENANT=NAME (TENANT from payonce"
+                        f" tenant-id), got {part.strip()!r}"
+                    )
+                items.append((tenant, name))
+    found: dict[str, str] = {}
+    for tenant, name in items:
+        tenant, name = tenant.strip(), name.strip()
+        if not tenant or not name or not name.isprintable():
+            raise ConfigError(f"--credential-scenario: {tenant!r}={name!r} is not TENANT=NAME")
+        found[tenant] = name
+    return found
 
 
 class _EncryptedKey(Exception):

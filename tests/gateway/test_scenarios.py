@@ -105,3 +105,34 @@ def test_a_mix_of_scenarios_and_endpoints_is_logged_and_counted(
     forwarded = [line for line in lines if line["cost_usd"]]
     assert len(forwarded) == 5
     assert {line["price_source"] for line in forwarded} == {"genai-prices"}
+
+
+def test_a_credential_names_the_scenario_of_its_requests_that_name_none(
+    start_gateway: GatewayFactory, fresh_sim: Sim, tmp_path: Path
+) -> None:
+    from payonce.gateway.keys import tenant_of_credential
+
+    tenant = tenant_of_credential(AUTH["Authorization"].removeprefix("Bearer "))
+    log_path = tmp_path / "calls.jsonl"
+    gateway = start_gateway(
+        "--call-log",
+        str(log_path),
+        "--credential-scenario",
+        f"{tenant}=nightly-batch",
+        "--scenarios",
+        "nightly-batch",
+    )
+    path = "/v1/chat/completions"
+    for extra in ({}, {"X-Payonce-Scenario": "invoice-summary"}):
+        headers = {**AUTH, **NO_PACING, **extra}
+        response = httpx.post(gateway.url + path, json=BODIES[path], headers=headers, timeout=30)
+        assert response.status_code == 200
+    text = httpx.get(gateway.url + "/_payonce/metrics").text
+    assert (
+        metric(text, "payonce_scenario_requests_total", endpoint="chat", scenario="nightly-batch")
+        == 1
+    )
+    assert metric(text, "payonce_scenario_requests_total", endpoint="chat", scenario="other") == 1
+    gateway.stop()
+    lines = [orjson.loads(line) for line in log_path.read_bytes().splitlines()]
+    assert [line["scenario"] for line in lines] == ["nightly-batch", "invoice-summary"]

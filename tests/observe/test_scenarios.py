@@ -75,3 +75,22 @@ def test_scenario_settings_are_checked() -> None:
         GatewaySettings(scenarios=tuple(f"s{i}" for i in range(101)))
     with pytest.raises(ConfigError, match="--scenario-header"):
         GatewaySettings(scenario_header=("bad header:",))
+
+
+def test_a_credential_can_have_a_scenario_of_its_own() -> None:
+    settings = GatewaySettings(credential_scenario=("t-batch=nightly-batch", "t-bot=support-bot"))
+    assert settings.credential_scenario == {"t-batch": "nightly-batch", "t-bot": "support-bot"}
+    assert GatewaySettings(credential_scenario={"t": "x"}).credential_scenario == {"t": "x"}  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--credential-scenario"):
+        GatewaySettings(credential_scenario=("no-equals-sign",))
+    scenarios = Scenarios((), ["nightly-batch"], settings.credential_scenario)  # type: ignore[arg-type]
+    observer = Observer(None, None, SystemClock(), None, scenarios)
+    quiet = observer.start("POST", "/v1/chat/completions", "t-batch", [])
+    assert (quiet.scenario, quiet.scenario_label) == ("nightly-batch", "nightly-batch")
+    # A scenario the request names wins over its credential's.
+    named = observer.start(
+        "POST", "/v1/chat/completions", "t-batch", [(b"x-payonce-scenario", b"invoice")]
+    )
+    assert (named.scenario, named.scenario_label) == ("invoice", "other")
+    other = observer.start("POST", "/v1/chat/completions", "t-else", [])
+    assert (other.scenario, other.scenario_label) == (None, "none")

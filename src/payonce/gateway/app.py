@@ -35,7 +35,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from payonce.clock import Clock, SystemClock
 from payonce.config import GatewaySettings
@@ -179,10 +179,16 @@ class Gateway:
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
-        scenarios = Scenarios(settings.scenario_header, settings.scenarios)
+        scenarios = Scenarios(
+            settings.scenario_header,
+            settings.scenarios,
+            cast("dict[str, str]", settings.credential_scenario),
+        )
         self.metrics = Metrics(metrics_dir, scenarios) if settings.metrics else None
         tracing = open_tracing() if settings.otel else None
         self.observer = Observer(self.metrics, call_log, self.clock, tracing, scenarios)
+        # The tenant is needed for a scenario set per credential (--credential-scenario).
+        self._scenario_by_tenant = bool(scenarios.by_tenant)
         self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
         if tracing is not None:
             tracing.server = upstream.server
@@ -236,7 +242,11 @@ class Gateway:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         # The tenant hash is needed by keyed requests and by the call log and spans.
         observer = self.observer
-        logged = observer.call_log is not None or observer.tracing is not None
+        logged = (
+            observer.call_log is not None
+            or observer.tracing is not None
+            or self._scenario_by_tenant
+        )
         tenant = self._tenants.of(headers) if logged else ""
         record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)

@@ -137,6 +137,7 @@ class Observer:
         self.tracing = tracing
         self.scenarios = scenarios = scenarios or Scenarios()
         self._scenario_headers = scenarios.headers
+        self._by_tenant = scenarios.by_tenant
 
     def start(
         self, method: str, path: str, tenant: str, headers: list[tuple[bytes, bytes]]
@@ -163,6 +164,11 @@ class Observer:
             scenarios = self.scenarios
             record.scenario = scenario = scenarios.of(headers)
             record.scenario_label = scenarios.label(scenario)
+        if record.scenario is None and self._by_tenant:
+            scenario = self._by_tenant.get(tenant)
+            if scenario is not None:
+                record.scenario = scenario
+                record.scenario_label = self.scenarios.label(scenario)
         metrics = self.metrics
         if metrics is not None:
             metrics.in_flight_now += 1

@@ -10,7 +10,7 @@ scenario was sent), so callers cannot create series.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 __all__ = [
     "ENDPOINTS",
@@ -54,13 +54,20 @@ def endpoint_of(path: str) -> str:
 class Scenarios:
     """Which headers name a request's scenario, and which scenarios the metrics label."""
 
-    __slots__ = ("_labels", "allowed", "headers")
+    __slots__ = ("_labels", "allowed", "by_tenant", "headers")
 
-    def __init__(self, headers: Iterable[str] = (), allowed: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        headers: Iterable[str] = (),
+        allowed: Iterable[str] = (),
+        by_tenant: Mapping[str, str] | None = None,
+    ) -> None:
         names = [SCENARIO_HEADER, *(name.lower() for name in headers)]
         self.headers = tuple(dict.fromkeys(name.encode("latin-1") for name in names))
         self.allowed = tuple(dict.fromkeys(name for name in allowed if name))
         self._labels = {name: name for name in self.allowed}
+        # The scenario of a credential's requests that name none (--credential-scenario).
+        self.by_tenant = dict(by_tenant or {})
 
     def of(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
         """The scenario a request names: the first of the scenario headers it sends."""
