@@ -234,3 +234,17 @@ def test_each_cost_says_who_priced_it(tmp_path: object) -> None:
         PRICES.clear()
         PRICES.update(saved)
         install_prices({})
+
+
+def test_an_openrouter_stream_is_priced_by_its_own_cost() -> None:
+    from payonce.gateway.sse import StreamUsage
+
+    stream = StreamUsage()
+    final = (
+        b'data: {"id":"gen-1","model":"openai/gpt-4o","choices":[],"usage":'
+        b'{"prompt_tokens":1000,"completion_tokens":100,"cost":0.00351}}\n\n'
+    )
+    stream.inspect(final)
+    assert priced(stream.model, stream.usage) == (pytest.approx(0.00351), "provider")
+    listed, source = priced("openai/gpt-4o", {"input_tokens": 1000, "output_tokens": 100})
+    assert source == "genai-prices" and listed == pytest.approx(0.0035), "the list price, checked"
