@@ -248,3 +248,16 @@ def test_an_openrouter_stream_is_priced_by_its_own_cost() -> None:
     assert priced(stream.model, stream.usage) == (pytest.approx(0.00351), "provider")
     listed, source = priced("openai/gpt-4o", {"input_tokens": 1000, "output_tokens": 100})
     assert source == "genai-prices" and listed == pytest.approx(0.0035), "the list price, checked"
+
+
+def test_made_up_model_names_do_not_grow_the_price_database_memory() -> None:
+    from genai_prices import data_snapshot
+
+    from payonce.observe.pricing import _DATABASE_MEMORY
+
+    snapshot = data_snapshot.get_snapshot()
+    for index in range(_DATABASE_MEMORY + 600):
+        assert price_of(f"made-up-{index}") is None
+    for name in ("_lookup_cache", "_provider_cache", "_provider_misses"):
+        assert len(getattr(snapshot, name)) <= _DATABASE_MEMORY + 5, name
+    assert price_of("gpt-4o") is not None

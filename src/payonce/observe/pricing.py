@@ -191,6 +191,7 @@ def _database_price(model: str) -> ModelPrice | None:
     except ImportError:  # pragma: no cover - a dependency; the --prices file still works
         return None
     snapshot = data_snapshot.get_snapshot()
+    _bound_caches(snapshot)
     attempts: list[tuple[str, str | None]] = [(model, None)]
     if "/" in model:  # OpenRouter's and LiteLLM's provider/model
         prefix, rest = model.split("/", 1)
@@ -210,6 +211,19 @@ def _database_price(model: str) -> ModelPrice | None:
             found = _DATABASE[info.id] = _as_floats(info.id, prices)
         return found
     return None
+
+
+# genai-prices remembers every name it was asked about, found or not; callers choose
+# model names, so its memories are emptied past this many (price_of's own cache is
+# bounded by its lru_cache).
+_DATABASE_MEMORY = 4096
+
+
+def _bound_caches(snapshot: Any) -> None:
+    for name in ("_lookup_cache", "_provider_cache", "_provider_misses"):
+        memory = getattr(snapshot, name, None)
+        if memory is not None and len(memory) > _DATABASE_MEMORY:
+            memory.clear()
 
 
 # genai-prices' prices already converted, by its model id: every name of one model
