@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -123,6 +124,34 @@ def test_settings_come_from_toml_then_env_then_flags(
         ready_path="/_payonce/health",
     ) as gw:
         assert _requires_key(gw.url)
+
+
+def test_scenario_settings_come_from_toml_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "payonce.toml"
+    config.write_text(
+        '[serve]\nupstream = "http://127.0.0.1:9"\nstore = "memory://"\n'
+        'scenarios = ["invoice-summary", "refunds"]\n'
+        'scenario-header = "Helicone-Property-Feature"\n'
+        '[serve.credential-scenario]\n"t-batch" = "nightly-batch"\n'
+    )
+
+    def labels(gw_url: str) -> set[str]:
+        text = httpx.get(gw_url + "/_payonce/metrics").text
+        return set(
+            re.findall(r'payonce_scenario_requests_total\{endpoint="chat",scenario="([^"]+)"', text)
+        )
+
+    with running(
+        ["serve", "--config", str(config)], log_dir=tmp_path, ready_path="/_payonce/health"
+    ) as gw:
+        assert labels(gw.url) == {"invoice-summary", "refunds", "other", "none"}
+    monkeypatch.setenv("PAYONCE_SCENARIOS", "nightly-batch,search")
+    with running(
+        ["serve", "--config", str(config)], log_dir=tmp_path, ready_path="/_payonce/health"
+    ) as gw:
+        assert labels(gw.url) == {"nightly-batch", "search", "other", "none"}
 
 
 def test_unreachable_upstream_is_a_502_problem_after_connect_retries(tmp_path: Path) -> None:

@@ -65,6 +65,10 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
             # A repeatable option may be one string in the file ("x-a, x-b").
             if getattr(param, "multiple", False) and isinstance(values.get(param.name), str):
                 values[str(param.name)] = [values[str(param.name)]]
+            # Or a table of NAME=VALUE pairs ([credential-scenario]).
+            if getattr(param, "multiple", False) and isinstance(values.get(param.name), dict):
+                table = values[str(param.name)]
+                values[str(param.name)] = [f"{key}={value}" for key, value in table.items()]
         ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
@@ -207,6 +211,31 @@ def cli() -> None:
     help="Another header carrying a caller's credential (repeatable; in"
     " PAYONCE_CREDENTIAL_HEADER, names separated by commas or spaces). Authorization,"
     " x-api-key, api-key and x-goog-api-key are always read.",
+)
+@click.option(
+    "--scenario-header",
+    envvar=_env("scenario_header"),
+    multiple=True,
+    metavar="NAME",
+    help="Another header naming a request's business scenario, such as"
+    " Helicone-Property-Feature or x-litellm-tags (repeatable; X-Payonce-Scenario is"
+    " always read, first).",
+)
+@click.option(
+    "--scenarios",
+    envvar=_env("scenarios"),
+    multiple=True,
+    metavar="A,B,C",
+    help="The scenarios the metrics label (comma-separated, repeatable); any other is"
+    " labelled 'other'. The call log keeps every scenario as sent.",
+)
+@click.option(
+    "--credential-scenario",
+    envvar=_env("credential_scenario"),
+    multiple=True,
+    metavar="TENANT=NAME",
+    help="The scenario of a credential's requests that name none (TENANT from payonce"
+    " tenant-id; repeatable, or a [credential-scenario] table in the config file).",
 )
 @click.option(
     "--require-credential/--no-require-credential",
@@ -435,7 +464,7 @@ def cli() -> None:
     envvar=_env("prices"),
     default=None,
     type=click.Path(dir_okay=False),
-    help="TOML or JSON file of model prices that extends or overrides the built-in table.",
+    help="TOML or JSON file of model prices that win over the genai-prices database.",
 )
 @click.option(
     "--metrics/--no-metrics",
@@ -621,8 +650,17 @@ def encryption_key_command(show_ids: bool) -> None:
     show_default=True,
     help="Set OPENAI_BASE_URL and ANTHROPIC_BASE_URL to the gateway.",
 )
+@click.option(
+    "--scenario",
+    default=None,
+    metavar="NAME",
+    help="The business scenario every SDK call names (X-Payonce-Scenario) unless"
+    " payonce.auto.scenario() names another ($PAYONCE_SCENARIO).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run_command(gateway: str, key_header: str, base_url: bool, command: tuple[str, ...]) -> None:
+def run_command(
+    gateway: str, key_header: str, base_url: bool, scenario: str | None, command: tuple[str, ...]
+) -> None:
     """Run COMMAND with every openai/anthropic SDK client protected by the gateway.
 
     \b
@@ -637,7 +675,13 @@ def run_command(gateway: str, key_header: str, base_url: bool, command: tuple[st
     """
     from payonce.auto.launch import environment, gateway_url, launch
 
-    env = environment(os.environ, gateway_url(gateway), key_header=key_header, base_urls=base_url)
+    env = environment(
+        os.environ,
+        gateway_url(gateway),
+        key_header=key_header,
+        base_urls=base_url,
+        scenario=scenario,
+    )
     launch(command, env)
 
 

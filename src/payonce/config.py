@@ -86,6 +86,13 @@ class GatewaySettings:
     tenant_header: str | None = None
     # Headers carrying a credential, beyond the known ones (payonce/credentials.py).
     credential_header: tuple[str, ...] = ()
+    # Headers naming a request's business scenario, beyond X-Payonce-Scenario
+    # (observe/scenarios.py), and the scenarios the metrics label ("other" else).
+    scenario_header: tuple[str, ...] = ()
+    scenarios: tuple[str, ...] = ()
+    # The scenario of a credential's requests that name none: tenant id (payonce
+    # tenant-id) -> scenario; "TENANT=NAME" strings from the flag, a table in TOML.
+    credential_scenario: tuple[str, ...] | dict[str, str] = ()
     # Refuse keyed requests without a credential (401) instead of sharing the
     # anonymous tenant among them.
     require_credential: bool = False
@@ -216,6 +223,16 @@ class GatewaySettings:
                 "--credential-header: the tenant comes from --tenant-header alone, so"
                 " credential headers would be ignored; set one of the two"
             )
+        object.__setattr__(
+            self, "scenario_header", _names(self.scenario_header, "--scenario-header")
+        )
+        for name in self.scenario_header:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ConfigError(f"--scenario-header: {name!r} is not a header name")
+        object.__setattr__(self, "scenarios", _scenario_list(self.scenarios))
+        object.__setattr__(
+            self, "credential_scenario", _credential_scenarios(self.credential_scenario)
+        )
         if not 1 <= self.workers <= 64:
             raise ConfigError(f"--workers: {self.workers} is not between 1 and 64")
         if self.workers > 1 and self.store == "memory://":
@@ -239,6 +256,65 @@ class GatewaySettings:
             load_keys(self.encryption_key, self.encryption_key_file)
         if self.tls_cert is not None or self.tls_key is not None:
             _check_tls(self.tls_cert, self.tls_key)
+
+
+def _names(raw: object, flag: str) -> tuple[str, ...]:
+    """Header names: one string (TOML, an env var: commas or spaces) or several, lowered."""
+    items = (raw,) if isinstance(raw, str) else cast("tuple[str, ...]", raw)
+    return tuple(
+        dict.fromkeys(
+            name.lower() for item in items for name in re.split(r"[\s,]+", str(item)) if name
+        )
+    )
+
+
+# Scenario names the metrics may label: at most this many (each adds a series per endpoint).
+_MAX_SCENARIOS = 100
+
+
+def _scenario_list(raw: object) -> tuple[str, ...]:
+    """``--scenarios a,b,c``: one string or several, each possibly comma-separated."""
+    items = (raw,) if isinstance(raw, str) else cast("tuple[str, ...]", raw)
+    names = tuple(
+        dict.fromkeys(
+            name.strip() for item in items for name in str(item).split(",") if name.strip()
+        )
+    )
+    if len(names) > _MAX_SCENARIOS:
+        raise ConfigError(
+            f"--scenarios: {len(names)} scenarios; at most {_MAX_SCENARIOS} (each is a metrics"
+            " series per endpoint: the call log keeps every scenario anyway)"
+        )
+    for name in names:
+        if name in ("other", "none") or len(name) > 100:
+            raise ConfigError(f"--scenarios: {name!r} cannot be a scenario label")
+    return names
+
+
+def _credential_scenarios(raw: object) -> dict[str, str]:
+    """``--credential-scenario TENANT=NAME`` (repeatable) or a TOML table, as a dict."""
+    if isinstance(raw, dict):
+        items = [(str(k), str(v)) for k, v in raw.items()]
+    else:
+        items = []
+        for item in (raw,) if isinstance(raw, str) else cast("tuple[str, ...]", raw):
+            for part in str(item).split(","):
+                if not part.strip():
+                    continue
+                tenant, sep, name = part.partition("=")
+                if not sep:
+                    raise ConfigError(
+                        f"--credential-scenario: expected TENANT=NAME (TENANT from payonce"
+                        f" tenant-id), got {part.strip()!r}"
+                    )
+                items.append((tenant, name))
+    found: dict[str, str] = {}
+    for tenant, name in items:
+        tenant, name = tenant.strip(), name.strip()
+        if not tenant or not name or not name.isprintable():
+            raise ConfigError(f"--credential-scenario: {tenant!r}={name!r} is not TENANT=NAME")
+        found[tenant] = name
+    return found
 
 
 class _EncryptedKey(Exception):

@@ -13,7 +13,7 @@ import httpx2 as httpx
 import orjson
 import pytest
 
-from payonce.observe.pricing import PRICES
+from payonce.observe.pricing import USUAL_MODELS, priced_name
 from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
 from tests.support.exposition import metric
 from tests.support.waiting import settled_record
@@ -224,9 +224,10 @@ def test_made_up_model_names_add_no_metric_series(
     assert "secret" not in text
     series = _series(text)
     for family in ("payonce_cost_usd_total", "payonce_saved_cost_usd_total"):
-        # Every price table entry (built in and --prices) is a series from the start, at 0;
+        # The usual models and the --prices entries are series from the start, at 0;
         # nothing else is. The names the calls were priced as have counts.
-        assert series[family] == {f'model="{name}"' for name in [*PRICES, "acme-tuned"]}, family
+        usual = [*(priced_name(name) for name in USUAL_MODELS), "acme-tuned"]
+        assert series[family] == {f'model="{name}"' for name in usual}, family
         counted = {
             match.group(1)
             for match in re.finditer(rf"^{family}{{(.*)}} (\S+)$", text, re.MULTILINE)
@@ -234,7 +235,7 @@ def test_made_up_model_names_add_no_metric_series(
         }
         assert counted == {
             'model="gpt-4o-mini"',
-            'model="claude-sonnet-4"',
+            'model="claude-sonnet-4-0"',  # genai-prices' id of it
             'model="acme-tuned"',
         }, family
     # No other family carries a model label at all.

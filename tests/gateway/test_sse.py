@@ -111,7 +111,8 @@ def test_litellm_usage_chunk_with_an_empty_choice_is_flagged() -> None:
     final = b'data: {"id":"c","model":"m","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":1,"completion_tokens":16,"cost":9.75e-6}}\n\n'
     assert usage.inspect(finish) is False
     assert usage.inspect(final) is True
-    assert usage.usage == {"input_tokens": 1, "output_tokens": 16}
+    # The cost the proxy states is kept (observe/pricing.py prices the call by it).
+    assert usage.usage == {"input_tokens": 1, "output_tokens": 16, "provider_cost_nano_usd": 9750}
     # A choice that still says something keeps its chunk, usage or not.
     for choice in (
         {"index": 0, "delta": {"content": "hi"}},

@@ -43,7 +43,7 @@ def test_a_line_is_one_json_object_with_exactly_the_documented_fields_in_order()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     document = orjson.loads(line)
     assert list(document) == documented_fields()
-    assert len(documented_fields()) == 30
+    assert len(documented_fields()) == 33
 
 
 def test_every_field_of_a_forwarded_request() -> None:
@@ -59,6 +59,9 @@ def test_every_field_of_a_forwarded_request() -> None:
         client_retry=0,
         usage={"input_tokens": 5, "output_tokens": 7, "cached_input_tokens": 1},
         cost_usd=0.00125,
+        price_source="genai-prices",
+        endpoint="chat",
+        scenario="invoice-summary",
         upstream_latency=0.0123456,
     ).line(100.0021234, 1_700_000_000.5)
     assert orjson.loads(line) == {
@@ -69,6 +72,8 @@ def test_every_field_of_a_forwarded_request() -> None:
         "tenant": "t" * 32,
         "method": "POST",
         "path": "/v1/chat/completions",
+        "endpoint": "chat",
+        "scenario": "invoice-summary",
         "model": "gpt-4o-mini",
         "stream": True,
         "outcome": "forwarded",
@@ -90,6 +95,7 @@ def test_every_field_of_a_forwarded_request() -> None:
         "usage_missing_reason": None,
         "cost_usd": 0.00125,
         "saved_usd": None,
+        "price_source": "genai-prices",
         "latency_ms": 2.123,
         "upstream_latency_ms": 12.346,
     }

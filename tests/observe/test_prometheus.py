@@ -65,7 +65,7 @@ import httpx2 as httpx
 import pytest
 
 from payonce.observe.metrics import _LATENCY_BUCKETS, _OVERHEAD_BUCKETS
-from payonce.observe.pricing import PRICES
+from payonce.observe.pricing import PRICES, USUAL_MODELS, priced_name
 from tests.observe.test_dashboard import RULES, load_dashboard, query_panels, variable_query
 from tests.support.processes import Process, free_port, start_payonce
 from tests.support.prometheus import (
@@ -82,6 +82,10 @@ pytestmark = pytest.mark.prometheus
 AUTH = {"Authorization": "Bearer sk-test-prometheus"}
 CHEAP, DEAR, UNPRICED = "gpt-4o-mini", "gpt-4o", "mystery-model-7"
 PRICED = {CHEAP, DEAR}
+# The scenarios the gateways label (--scenarios); the script names these, one it
+# does not list (labelled other) and none, in turn.
+LISTED = ("invoice-summary", "support-bot")
+SCENARIOS = (*LISTED, "made-up-feature", None)
 DAY = 86400.0
 # The day before: this many seconds of samples, one a second.
 YESTERDAY_SECONDS = 10
@@ -109,6 +113,9 @@ class Truth:
     # (seconds, weight) observations of the two histograms
     upstream_latency: list[tuple[float, float]] = field(default_factory=list)
     overhead: list[tuple[float, float]] = field(default_factory=list)
+    # (measure, "endpoint" or "scenario", its label) -> count or USD, from the call log:
+    # measure is calls, cost, duplicates or unprotected (issue 34's panels).
+    where: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def scaled(self, factor: float) -> Truth:
         """Every count multiplied by ``factor`` (Prometheus's extrapolation of one target)."""
@@ -128,6 +135,7 @@ class Truth:
             saved=times(self.saved),
             upstream_latency=[(value, weight * factor) for value, weight in self.upstream_latency],
             overhead=[(value, weight * factor) for value, weight in self.overhead],
+            where=times(self.where),
         )
 
     def __add__(self, other: Truth) -> Truth:
@@ -143,6 +151,7 @@ class Truth:
             saved=self.saved + other.saved,
             upstream_latency=self.upstream_latency + other.upstream_latency,
             overhead=self.overhead + other.overhead,
+            where=self.where + other.where,
         )
 
     def count(self, outcomes: str, status_class: str | None = None) -> float:
@@ -379,6 +388,7 @@ class Script:
         self.client = httpx.Client(headers=AUTH, timeout=30)
         self._lock = threading.Lock()
         self._keys = 0
+        self._posts = 0
 
     def __enter__(self) -> Script:
         return self
@@ -405,6 +415,11 @@ class Script:
         sent = dict(headers or {})
         if key is not None:
             sent["Idempotency-Key"] = key
+        with self._lock:
+            self._posts += 1
+            scenario = SCENARIOS[self._posts % len(SCENARIOS)]
+        if scenario is not None:
+            sent["X-Payonce-Scenario"] = scenario
         response = self.client.post(
             gateway.url + "/v1/chat/completions", json=payload, headers=sent
         )
@@ -604,6 +619,17 @@ def truth_of(
     truth.requests[("joined", "2xx")] -= moved
     truth.requests[("replayed", "2xx")] += moved
     for line in logged:
+        scenario = line["scenario"]
+        labels = {
+            "endpoint": line["endpoint"],
+            "scenario": "none" if scenario is None else scenario if scenario in LISTED else "other",
+        }
+        for by, label in labels.items():
+            truth.where[("calls", by, label)] += 1
+            truth.where[("cost", by, label)] += line["cost_usd"] or 0.0
+            truth.where[("duplicates", by, label)] += line["outcome"] in ("replayed", "joined")
+            truth.where[("unprotected", by, label)] += line["unprotected_retry"]
+    for line in logged:
         if line["outcome"] in ("forwarded", "passthrough") and line["upstream_latency_ms"]:
             upstream = line["upstream_latency_ms"] / 1000
             truth.upstream_latency.append((upstream, 1.0))
@@ -690,7 +716,31 @@ def expected_panels(
         # a p99 inside the histograms' bounds (a loop seconds late would be a defect).
         (27, "A"): Expect(between=(0.0, 2.5)),
         (27, "B"): Expect(between=(0.0, 2.5)),
+        **where_panels(today, window),
     }
+
+
+# Issue 34's panels: (panel id, measure, by, per what seconds).
+WHERE_PANELS = [
+    (29 + index * 4 + offset, measure, by, per)
+    for index, by in enumerate(("endpoint", "scenario"))
+    for offset, (measure, per) in enumerate(
+        (("cost", 3600), ("calls", 60), ("duplicates", 60), ("unprotected", 60))
+    )
+]
+
+
+def where_panels(today: Truth, window: float) -> dict[tuple[int, str], Expect]:
+    """Spend, calls, duplicates prevented and unprotected retries by endpoint and scenario."""
+    found = {}
+    for pid, measure, by, per in WHERE_PANELS:
+        values = {
+            label: value * per / window
+            for (kind, axis, label), value in today.where.items()
+            if kind == measure and axis == by and value > 0
+        }
+        found[(pid, "A")] = Expect(by=(by,), values=values) if values else Expect(empty=True)
+    return found
 
 
 def expected_rules(today: Truth, before: Truth) -> dict[str, Expect]:
@@ -888,7 +938,8 @@ def evaluate(
     match = re.fullmatch(r"label_values\((.*),\s*(\w+)\s*\)", variable_query(variable).strip())
     assert match, variable_query(variable)
     listed = set(prometheus.label_values(match.group(2), match.group(1), at - 3600, at))
-    if not (PRICED <= listed <= set(PRICES) | {"other"}):
+    usual = {priced_name(name) for name in USUAL_MODELS}
+    if not (PRICED <= listed <= set(PRICES) | usual | {"other"}):
         problems.append(f"variable $model lists {sorted(listed)}")
     # Every alert rule Prometheus loaded, evaluated now.
     rules = {rule["name"]: rule for rule in prometheus.rules() if rule["type"] == "alerting"}
@@ -940,6 +991,8 @@ def start_gateways(
             # The script's unkeyed SDK retries are the unprotected, billed kind
             # (matched ones: tests/gateway/test_sdk_retries.py).
             "--no-match-sdk-retries",
+            "--scenarios",
+            ",".join(LISTED),
             *flags,
         ]
         gateways.append(start_payonce(args, log_dir=work, ready_path="/_payonce/health", port=port))

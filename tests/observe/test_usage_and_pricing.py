@@ -10,7 +10,7 @@ import pytest
 
 from payonce.gateway.observing import UpstreamFacts
 from payonce.observe.metrics import Metrics, model_label
-from payonce.observe.pricing import PRICES, cost_of, price_of
+from payonce.observe.pricing import PRICES, USUAL_MODELS, cost_of, price_of, priced, priced_name
 from payonce.observe.usage import model_and_usage
 
 OPENAI = {
@@ -153,12 +153,12 @@ def test_bad_prices_files_are_config_errors(tmp_path, content: str, needle: str)
         ("gpt-4o-2024-08-06", "gpt-4o"),
         # Another model (a fine-tune, say) is priced and labelled as none of the table.
         ("gpt-4o-mini-acme-corp-secret-project", "other"),
-        ("claude-sonnet-4-20250514", "claude-sonnet-4"),
+        ("claude-sonnet-4-20250514", "claude-sonnet-4-0"),  # genai-prices' id of it
         ("llama-3-70b", "other"),
         (None, "other"),
     ],
 )
-def test_model_labels_are_price_table_names_or_other(model: str | None, label: str) -> None:
+def test_model_labels_are_price_database_names_or_other(model: str | None, label: str) -> None:
     assert model_label(model) == label
 
 
@@ -175,29 +175,89 @@ def test_a_thousand_made_up_models_make_no_new_series() -> None:
         for line in text.splitlines()
         if line.startswith(("payonce_cost_usd_total", "payonce_saved_cost_usd_total"))
     }
-    # The price table's entries (series from the start, at 0) and other: nothing made up.
-    assert labels == {f'model="{name}"' for name in PRICES} | {'model="other"'}
+    # The usual models and --prices entries (series from the start, at 0) and other:
+    # nothing made up.
+    usual = {priced_name(name) for name in USUAL_MODELS} | set(PRICES)
+    assert labels == {f'model="{name}"' for name in usual} | {'model="other"'}
     # The children remembered per raw name are bounded too.
     assert len(metrics._costs) <= 256 and len(metrics._saved_costs) <= 256
 
 
-def test_a_prefix_prices_only_dated_snapshots_and_aliases_of_the_same_model() -> None:
-    # Names that extend a priced one with a date, an alias or a version tag are that model.
+def test_the_price_database_knows_dated_snapshots_aliases_and_other_providers() -> None:
     same = {
         "gpt-4o-mini-2024-07-18": "gpt-4o-mini",
-        "claude-sonnet-4-20250514": "claude-sonnet-4",
-        "claude-sonnet-4-0": "claude-sonnet-4",
-        "claude-3-5-haiku-latest": "claude-3-5-haiku",
-        "claude-3-5-haiku-20241022": "claude-3-5-haiku",
-        "amazon.nova-micro-v1:0": "amazon.nova-micro",
+        "claude-sonnet-4-20250514": "claude-sonnet-4-0",
+        "claude-3-5-haiku-20241022": "claude-3-5-haiku-latest",
         "claude-opus-4-5-20251101": "claude-opus-4-5",
     }
-    for name, priced in same.items():
-        assert price_of(name) is price_of(priced), name
-    # Names that extend it with anything else are other models, at other prices:
-    # Opus 4.5 costs a third of Opus 4, o3-mini about half of o3.
+    for name, priced_as in same.items():
+        assert price_of(name) is price_of(priced_as), name
+    # Models the hand-kept table never had, from thousands in genai-prices.
+    for name in ("gemini-2.5-pro", "text-embedding-3-small", "amazon.nova-micro-v1:0",
+                 "openai/gpt-4o", "deepseek-chat", "gpt-4o-audio-preview"):  # fmt: skip
+        price = price_of(name)
+        assert price is not None and price.origin == "genai-prices", name
     opus_45, opus_4 = price_of("claude-opus-4-5"), price_of("claude-opus-4")
     assert opus_45 is not None and opus_4 is not None and opus_45.input < opus_4.input
     assert price_of("o3-mini") is not price_of("o3")
-    assert price_of("gpt-4o-audio-preview") is None, "unknown, not priced as gpt-4o"
-    assert price_of("claude-opus-4-7") is None
+    assert price_of("my-finetune") is None and price_of("llama-3-70b-acme") is None
+
+
+def test_tiered_prices_follow_the_input_tokens() -> None:
+    # Gemini 2.5 Pro: $1.25/M input up to 200k input tokens, $2.50/M past them.
+    small = priced("gemini-2.5-pro", {"input_tokens": 1000, "output_tokens": 0})[0]
+    large = priced("gemini-2.5-pro", {"input_tokens": 300_000, "output_tokens": 0})[0]
+    assert small == pytest.approx(1000 * 1.25 / 1e6)
+    assert large == pytest.approx(300_000 * 2.5 / 1e6)
+
+
+def test_each_cost_says_who_priced_it(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from payonce.observe.pricing import install_prices, load_prices
+
+    usage = {"input_tokens": 1000, "output_tokens": 100}
+    assert priced("gpt-4o", usage) == (pytest.approx((1000 * 2.5 + 100 * 10) / 1e6), "genai-prices")
+    assert priced("my-finetune", usage) == (None, None), "unknown: no price, never zero"
+    # OpenRouter states the cost of the call in usage.cost: that is what it bills.
+    body = {"model": "openai/gpt-4o", "usage": {"prompt_tokens": 1000, "completion_tokens": 100,
+                                                "cost": 0.0042}}  # fmt: skip
+    model, stated = model_and_usage(json.dumps(body).encode(), [])
+    assert priced(model, stated) == (pytest.approx(0.0042), "provider")
+    path = Path(str(tmp_path)) / "prices.toml"
+    path.write_text('[models."gpt-4o"]\ninput = 1.0\noutput = 2.0\n')
+    saved = dict(PRICES)
+    try:
+        install_prices(load_prices(str(path)))
+        assert priced("gpt-4o-2024-08-06", usage) == (pytest.approx(1200 / 1e6), "prices-file")
+    finally:
+        PRICES.clear()
+        PRICES.update(saved)
+        install_prices({})
+
+
+def test_an_openrouter_stream_is_priced_by_its_own_cost() -> None:
+    from payonce.gateway.sse import StreamUsage
+
+    stream = StreamUsage()
+    final = (
+        b'data: {"id":"gen-1","model":"openai/gpt-4o","choices":[],"usage":'
+        b'{"prompt_tokens":1000,"completion_tokens":100,"cost":0.00351}}\n\n'
+    )
+    stream.inspect(final)
+    assert priced(stream.model, stream.usage) == (pytest.approx(0.00351), "provider")
+    listed, source = priced("openai/gpt-4o", {"input_tokens": 1000, "output_tokens": 100})
+    assert source == "genai-prices" and listed == pytest.approx(0.0035), "the list price, checked"
+
+
+def test_made_up_model_names_do_not_grow_the_price_database_memory() -> None:
+    from genai_prices import data_snapshot
+
+    from payonce.observe.pricing import _DATABASE_MEMORY
+
+    snapshot = data_snapshot.get_snapshot()
+    for index in range(_DATABASE_MEMORY + 600):
+        assert price_of(f"made-up-{index}") is None
+    for name in ("_lookup_cache", "_provider_cache", "_provider_misses"):
+        assert len(getattr(snapshot, name)) <= _DATABASE_MEMORY + 5, name
+    assert price_of("gpt-4o") is not None

@@ -55,7 +55,9 @@ BEDROCK = [
         0,
     ),  # 0.0016
     _bedrock("r9", "amazon.nova-micro-v1:0", 0, 1_000_000),  # 0.14, unmatched
-    _bedrock("r8", "meta.llama3-1-8b-instruct-v1:0", 10, 10),  # no price: malformed
+    # A custom model no price database knows: no price, malformed (genai-prices
+    # knows Bedrock's Llama, which the hand-kept table did not).
+    _bedrock("r8", "acme.custom-model-v1:0", 10, 10),
 ]
 
 
@@ -189,7 +191,7 @@ def test_bedrock_invocation_logs(tmp_path: Path, shape: str) -> None:
     assert _figures(tmp_path, _calls(tmp_path), bill) == {
         "format": "bedrock-invocations",
         "rows": 4,
-        # The Llama line has no price; the JSON lines shapes also have a bad line.
+        # The custom model's line has no price; the JSON lines shapes also have a bad line.
         "malformed": 1 if shape == "array" else 2,
         "total": 0.3178,  # 0.175 + 0.0012 + 0.0016 + 0.14, summed exactly
         "generations": 4,
@@ -206,7 +208,7 @@ def test_a_bedrock_line_without_a_price_or_tokens_is_malformed(tmp_path: Path) -
     report = reconcile([_calls(tmp_path)], [bill])
     assert [(row.line, row.reason) for row in report.malformed] == [
         (1, "no token counts to price"),
-        (2, "no price for model meta.llama3-1-8b-instruct-v1:0"),
+        (2, "no price for model acme.custom-model-v1:0"),
         (3, "not a JSON object"),
     ]
 

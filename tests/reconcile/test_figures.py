@@ -237,3 +237,29 @@ def test_a_listed_outlier_names_its_business_id_keyed_or_not(tmp_path: Path) -> 
     ]
     assert top[0].business_id is not None and top[0].business_id.startswith("#")
     assert top[1].business_id == "b7"
+
+
+def test_figures_by_scenario_and_endpoint_from_the_call_log(tmp_path: Path) -> None:
+    """Issue 34: the call log's scenario and endpoint, as reconcile's tag and endpoint."""
+    from payonce.reconcile.html import render_html
+
+    scenario = {"t-a": "invoice-summary", "t-b": "support-bot"}
+    lines = [
+        data.payonce_line(call, v=2, endpoint="chat", scenario=scenario.get(call.tenant))
+        for call in data.CALLS
+    ]
+    calls = data.write_jsonl(tmp_path / "calls.jsonl", lines)
+    options = ReconcileOptions(calls_map={"tag": "scenario", "endpoint": "endpoint"})
+    report = reconcile([calls], [data.ledger_csv(tmp_path)], options)
+    result = report.as_json()
+    by_tag = result["by_tag"]
+    assert set(by_tag) == {"invoice-summary", "support-bot", "(unknown)"}
+    assert by_tag["invoice-summary"]["billed_generations"] == 6
+    assert by_tag["invoice-summary"]["duplicate_generations"] == 3
+    assert by_tag["support-bot"]["total_cost_usd"] == pytest.approx(1.1)
+    # The matched generations by the call log's endpoint; the unmatched bill line keeps
+    # the bill's own name of its endpoint (a path).
+    assert result["by_endpoint"]["chat"]["billed_generations"] == 8
+    assert result["by_endpoint"]["/v1/chat/completions"]["billed_generations"] == 1
+    page = render_html(report, ())
+    assert "By tag" in page and "invoice-summary" in page and "support-bot" in page

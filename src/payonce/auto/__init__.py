@@ -12,10 +12,32 @@ each of that call's retries. A payonce gateway then runs the call once
 however many times the SDK sends it. Nothing else changes: the base URL, the
 timeouts and ``max_retries`` stay the application's (``payonce run`` also
 points the SDKs at the gateway). See docs/client.md, "No code: payonce run".
+
+``with payonce.auto.scenario("invoice-summary"):`` names the business scenario of
+the SDK calls inside (``X-Payonce-Scenario``; ``payonce run --scenario NAME``, or
+``$PAYONCE_SCENARIO``, for the whole process).
 """
 
-from payonce.auto._patch import DEFAULT_HEADER, HEADER_ENV, SDKS, install, patched
+from payonce.auto._patch import (
+    DEFAULT_HEADER,
+    HEADER_ENV,
+    SCENARIO_ENV,
+    SCENARIO_HEADER,
+    SDKS,
+    install,
+    patched,
+    scenario,
+)
 
-__all__ = ["DEFAULT_HEADER", "HEADER_ENV", "SDKS", "install", "patched"]
+__all__ = [
+    "DEFAULT_HEADER",
+    "HEADER_ENV",
+    "SCENARIO_ENV",
+    "SCENARIO_HEADER",
+    "SDKS",
+    "install",
+    "patched",
+    "scenario",
+]
 
 install()

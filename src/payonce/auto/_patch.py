@@ -19,6 +19,8 @@ environment may have neither payonce nor its dependencies.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
@@ -26,9 +28,18 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
-__all__ = ["DEFAULT_HEADER", "HEADER_ENV", "SDKS", "install", "patched"]
+__all__ = [
+    "DEFAULT_HEADER",
+    "HEADER_ENV",
+    "SCENARIO_ENV",
+    "SCENARIO_HEADER",
+    "SDKS",
+    "install",
+    "patched",
+    "scenario",
+]
 
 DEFAULT_HEADER = "Idempotency-Key"
 # Read when the hook is installed; `payonce run --key-header` sets it.
@@ -42,6 +53,34 @@ SDKS = ("openai._base_client", "anthropic._base_client")
 _MARK = "__payonce_auto_header__"
 _lock = threading.Lock()
 _header: Dict[str, str] = {}
+# The business scenario each request names (docs/observability.md, "Cost by endpoint
+# and scenario"): the innermost scenario() around the call, else $PAYONCE_SCENARIO
+# (`payonce run --scenario`), read at each call.
+SCENARIO_HEADER = "X-Payonce-Scenario"
+SCENARIO_ENV = "PAYONCE_SCENARIO"
+# One context variable per process, shared by both copies of this module (the one
+# `payonce run` loads by path and payonce.auto): the application's scenario() sets
+# the variable the patched clients read, whichever copy patched them.
+_STATE = sys.modules.get("_payonce_auto_state")
+if _STATE is None:
+    _STATE = types.ModuleType("_payonce_auto_state")
+    _STATE.scenario = contextvars.ContextVar("payonce_scenario", default=None)  # type: ignore[attr-defined]
+    sys.modules["_payonce_auto_state"] = _STATE
+_SCENARIO: "contextvars.ContextVar[Optional[str]]" = _STATE.scenario
+
+
+@contextlib.contextmanager
+def scenario(name: str) -> Iterator[None]:
+    """Every SDK call inside names ``name`` as its business scenario (``X-Payonce-Scenario``).
+
+    A context variable: each thread and asyncio task has its own, and the
+    innermost ``with`` wins.
+    """
+    token = _SCENARIO.set(name)
+    try:
+        yield
+    finally:
+        _SCENARIO.reset(token)
 
 
 def install(header: Optional[str] = None) -> None:
@@ -86,6 +125,23 @@ def _patch(module: types.ModuleType) -> None:
 
     setattr(__init__, _MARK, header)
     base.__init__ = __init__
+    build = getattr(base, "_build_headers", None)
+    if build is not None:
+        base._build_headers = _naming_scenario(build)
+
+
+def _naming_scenario(build: Any) -> Any:
+    """``_build_headers`` that adds the scenario, unless the call set the header itself."""
+
+    @functools.wraps(build)
+    def _build_headers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        headers = build(self, *args, **kwargs)
+        name = _SCENARIO.get() or os.environ.get(SCENARIO_ENV)
+        if name and SCENARIO_HEADER not in headers:
+            headers[SCENARIO_HEADER] = name
+        return headers
+
+    return _build_headers
 
 
 class _Patching(importlib.abc.Loader):

@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from payonce.auto._patch import HEADER_ENV
+from payonce.auto._patch import HEADER_ENV, SCENARIO_ENV
 from payonce.errors import CommandNotFound, ConfigError
 
 __all__ = ["BOOT", "environment", "gateway_url", "launch"]
@@ -43,7 +43,12 @@ def gateway_url(value: str) -> str:
 
 
 def environment(
-    base: Mapping[str, str], gateway: str, *, key_header: str, base_urls: bool
+    base: Mapping[str, str],
+    gateway: str,
+    *,
+    key_header: str,
+    base_urls: bool,
+    scenario: str | None = None,
 ) -> dict[str, str]:
     """The command's environment: ``base`` with the SDK variables and the boot folder."""
     if not key_header or not set(key_header) <= _TOKEN:
@@ -53,6 +58,10 @@ def environment(
         env["OPENAI_BASE_URL"] = gateway + "/v1"
         env["ANTHROPIC_BASE_URL"] = gateway
     env[HEADER_ENV] = key_header
+    if scenario is not None:
+        if not scenario.strip() or not scenario.isprintable():
+            raise ConfigError(f"--scenario: {scenario!r} is not a header value")
+        env[SCENARIO_ENV] = scenario.strip()
     paths = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT), *(p for p in paths if p != str(BOOT))])
     return env

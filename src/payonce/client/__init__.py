@@ -46,6 +46,7 @@ from payonce.client._hooks import (
 )
 from payonce.client._policy import RetryPolicy, stacked_attempts
 from payonce.client._protect import protect
+from payonce.client._scenario import scenario
 from payonce.client._transport import IdempotentTransport
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ __all__ = [
     "classify_status",
     "default_hooks",
     "protect",
+    "scenario",
     "stacked_attempts",
 ]
 

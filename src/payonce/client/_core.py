@@ -15,6 +15,7 @@ from payonce.client._clock import RetryClock, SystemRetryClock
 from payonce.client._gateway import GatewayDirectory
 from payonce.client._hooks import RetryHook, default_hooks
 from payonce.client._policy import RetryPolicy
+from payonce.client._scenario import SCENARIO_HEADER, current_scenario
 
 __all__ = ["KEY_HEADER", "TransportCore", "decoded_body", "is_event_stream"]
 
@@ -87,6 +88,9 @@ class TransportCore:
         if key is None and request.method.upper() not in _SAFE_METHODS:
             key = self.key_factory()
             request.headers[KEY_HEADER] = key
+        named = current_scenario()
+        if named is not None and SCENARIO_HEADER not in request.headers:
+            request.headers[SCENARIO_HEADER] = named
         return Call(
             policy=self.policy,
             budget=self.budget,

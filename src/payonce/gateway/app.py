@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from payonce.clock import Clock, SystemClock
 from payonce.config import GatewaySettings
@@ -104,6 +104,7 @@ from payonce.gateway.store_failures import StoreFailures
 from payonce.gateway.upstream import Upstream
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.metrics import Metrics
+from payonce.observe.scenarios import Scenarios
 from payonce.observe.tracing import open_tracing
 from payonce.store import ClaimStatus, Record, RecordState, Store, StoredResponse
 
@@ -179,9 +180,16 @@ class Gateway:
         self.store = store
         self.upstream = upstream
         self.clock = clock or SystemClock()
-        self.metrics = Metrics(metrics_dir) if settings.metrics else None
+        scenarios = Scenarios(
+            settings.scenario_header,
+            settings.scenarios,
+            cast("dict[str, str]", settings.credential_scenario),
+        )
+        self.metrics = Metrics(metrics_dir, scenarios) if settings.metrics else None
         tracing = open_tracing() if settings.otel else None
-        self.observer = Observer(self.metrics, call_log, self.clock, tracing)
+        self.observer = Observer(self.metrics, call_log, self.clock, tracing, scenarios)
+        # The tenant is needed for a scenario set per credential (--credential-scenario).
+        self._scenario_by_tenant = bool(scenarios.by_tenant)
         self.passthrough = PassThrough(settings, upstream, self.observer, self.metrics)
         if tracing is not None:
             tracing.server = upstream.server
@@ -237,7 +245,11 @@ class Gateway:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         # The tenant hash is needed by keyed requests and by the call log and spans.
         observer = self.observer
-        logged = observer.call_log is not None or observer.tracing is not None
+        logged = (
+            observer.call_log is not None
+            or observer.tracing is not None
+            or self._scenario_by_tenant
+        )
         tenant = self._tenants.of(headers) if logged else ""
         record = observer.start(scope["method"], scope["path"], tenant, headers)
         send = self.observer.wrap_send(send, record)

@@ -30,6 +30,7 @@ from payonce.gateway.sse import first_stream_id
 from payonce.observe.calllog import CallLogSink, CallRecord
 from payonce.observe.facts import UpstreamFacts
 from payonce.observe.metrics import Metrics
+from payonce.observe.scenarios import Scenarios, endpoint_of
 from payonce.observe.tracing import Tracing
 from payonce.observe.usage import model_usage_and_id
 from payonce.store import Record, Store
@@ -128,11 +129,15 @@ class Observer:
         call_log: CallLogSink | None,
         clock: Clock,
         tracing: Tracing | None = None,
+        scenarios: Scenarios | None = None,
     ) -> None:
         self.metrics = metrics
         self.call_log = call_log
         self.clock = clock
         self.tracing = tracing
+        self.scenarios = scenarios = scenarios or Scenarios()
+        self._scenario_headers = scenarios.headers
+        self._by_tenant = scenarios.by_tenant
 
     def start(
         self, method: str, path: str, tenant: str, headers: list[tuple[bytes, bytes]]
@@ -143,13 +148,27 @@ class Observer:
             path=path,
             tenant=tenant,
             started=time.perf_counter(),
+            endpoint=endpoint_of(path),
         )
         if self.tracing is not None:
             self.tracing.start_request(record, headers)
+        scenario_headers = self._scenario_headers
+        named = False
         for name, value in headers:
             if name == b"x-stainless-retry-count":
                 with contextlib.suppress(ValueError):
                     record.client_retry = int(value)
+            elif name in scenario_headers:
+                named = True
+        if named:
+            scenarios = self.scenarios
+            record.scenario = scenario = scenarios.of(headers)
+            record.scenario_label = scenarios.label(scenario)
+        if record.scenario is None and self._by_tenant:
+            scenario = self._by_tenant.get(tenant)
+            if scenario is not None:
+                record.scenario = scenario
+                record.scenario_label = self.scenarios.label(scenario)
         metrics = self.metrics
         if metrics is not None:
             metrics.in_flight_now += 1
@@ -186,6 +205,7 @@ class Observer:
         record.usage_missing_reason = facts.usage_missing_reason()
         record.stream = facts.stream
         record.not_stored = facts.not_stored
+        record.price_source = facts.price_source
         if saved:
             record.saved_usd = facts.cost_usd
             record.cost_usd = 0.0

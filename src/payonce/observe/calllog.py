@@ -97,6 +97,14 @@ class CallRecord:
     usage_missing_reason: str | None = None
     cost_usd: float | None = None
     saved_usd: float | None = None
+    # Who priced cost_usd (or saved_usd): "provider" (the response's own cost, e.g.
+    # OpenRouter's usage.cost), "prices-file" (--prices) or "genai-prices"; None: unpriced.
+    price_source: str | None = None
+    # The API the request calls (observe/scenarios.py ENDPOINTS) and the business
+    # scenario it names, exactly as sent; scenario_label is its metrics label.
+    endpoint: str = "other"
+    scenario: str | None = None
+    scenario_label: str = "none"
     upstream_latency: float | None = None
     extra: dict[str, object] = field(default_factory=dict)
     # A keyed request forwarded unprotected: the store was down (--on-store-failure open).
@@ -140,6 +148,8 @@ class CallRecord:
                 "tenant": self.tenant,
                 "method": self.method,
                 "path": self.path,
+                "endpoint": self.endpoint,
+                "scenario": self.scenario,
                 "model": self.model,
                 "stream": self.stream,
                 "outcome": self.outcome,
@@ -161,6 +171,7 @@ class CallRecord:
                 "usage_missing_reason": self.usage_missing_reason,
                 "cost_usd": self.cost_usd,
                 "saved_usd": self.saved_usd,
+                "price_source": self.price_source,
                 # round(x * 1000, 3) is slower than all the rest of a field: integers.
                 "latency_ms": int((finished - self.started) * 1e6 + 0.5) / 1000,
                 "upstream_latency_ms": (

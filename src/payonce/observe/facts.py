@@ -22,6 +22,8 @@ class UpstreamFacts:
     model: str | None = None
     usage: Mapping[str, int] | None = None
     cost_usd: float | None = None
+    # Who priced cost_usd: "provider", "prices-file" or "genai-prices" (observe/pricing.py).
+    price_source: str | None = None
     latency: float | None = None
     attempts: int = 0
     stream: bool = False

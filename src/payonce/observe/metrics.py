@@ -3,8 +3,8 @@
 Every name here is what ``deploy/grafana/payonce.json`` queries (a test checks
 that). Labels stay low-cardinality: no tenant, key or model label on counters
 that grow per request, except ``model`` on cost counters, whose values are the
-price table's names (built in and ``--prices``) and ``other``: never a name a
-caller made up (:func:`model_label`).
+names of what priced them (``--prices`` entries, genai-prices model ids) and
+``other``: never a name a caller made up (:func:`model_label`).
 
 Idempotency hit rate: ``(replayed + joined) / (forwarded + replayed + joined)``
 from ``payonce_requests_total{outcome}``. Cost per successful call:
@@ -30,7 +30,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from payonce.observe.counting import Buckets, Deferred, Slot, Slots, use_values
 from payonce.observe.limit_metrics import limit_counters
-from payonce.observe.pricing import PRICES, priced_name
+from payonce.observe.pricing import PRICES, USUAL_MODELS, priced_name
+from payonce.observe.scenarios import ENDPOINTS, Scenarios
 
 if TYPE_CHECKING:
     from payonce.observe.calllog import CallRecord
@@ -94,7 +95,7 @@ class Metrics:
     from which a scrape sums all the workers'. ``None``: this process alone, in memory.
     """
 
-    def __init__(self, shared: str | None = None) -> None:
+    def __init__(self, shared: str | None = None, scenarios: Scenarios | None = None) -> None:
         use_values(shared)
         self.shared = shared is not None
         self.registry = registry = CollectorRegistry(auto_describe=True)
@@ -209,6 +210,46 @@ class Metrics:
             registry=registry,
         )
         self.limited, self.unstored = limit_counters(registry)  # children by label
+        # By endpoint and scenario (observe/scenarios.py): both fixed sets of values,
+        # the scenarios the operator's --scenarios list, "other" and "none".
+        by_scenario = ["endpoint", "scenario"]
+        self.scenario_requests = Counter(
+            "payonce_scenario_requests",
+            "Client requests answered, by endpoint and business scenario.",
+            by_scenario,
+            registry=registry,
+        )
+        self.scenario_cost = Counter(
+            "payonce_scenario_cost_usd",
+            "Cost of upstream calls made, in USD, by endpoint and business scenario.",
+            by_scenario,
+            registry=registry,
+        )
+        self.scenario_duplicates = Counter(
+            "payonce_scenario_duplicates_prevented",
+            "Requests answered without an upstream call (replayed or joined), by endpoint"
+            " and business scenario.",
+            by_scenario,
+            registry=registry,
+        )
+        self.scenario_unprotected = Counter(
+            "payonce_scenario_unprotected_retries",
+            "SDK retries without an idempotency key, by endpoint and business scenario.",
+            by_scenario,
+            registry=registry,
+        )
+        # (endpoint, scenario label) -> its (requests, cost, duplicates, unprotected)
+        # children, every one created at 0 (see below).
+        self._by_scenario: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {
+            (endpoint, label): (
+                self.scenario_requests.labels(endpoint, label),
+                self.scenario_cost.labels(endpoint, label),
+                self.scenario_duplicates.labels(endpoint, label),
+                self.scenario_unprotected.labels(endpoint, label),
+            )
+            for endpoint in ENDPOINTS
+            for label in (scenarios or Scenarios()).labels()
+        }
 
         # Children bound once: .labels() is a lock and a dict lookup per call.
         self.spent_input = self.tokens.labels("spent", "input")
@@ -238,9 +279,10 @@ class Metrics:
         # take a series' first sample as its starting point, so a child created with
         # its first counts in it would lose them (after every restart, the first
         # scrape interval's spend of each model). The label values known in advance
-        # are: every price table entry (built in and --prices, installed before the
-        # gateway is built) and the usual upstream statuses.
-        for name in PRICES:
+        # are: every --prices entry (installed before the gateway is built), the usual
+        # models (pricing.USUAL_MODELS) and the usual upstream statuses.
+        usual = (priced_name(model) for model in USUAL_MODELS)
+        for name in dict.fromkeys([*PRICES, *(name for name in usual if name is not None)]):
             self.cost.labels(name)
             self.saved_cost.labels(name)
         for status in _UPSTREAM_STATUSES:
@@ -262,6 +304,11 @@ class Metrics:
             # No auto_describe: it reads every file now, and a starting worker's is half made.
             self._scraped = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
+
+    def _scenario_children(self, key: tuple[str, str]) -> tuple[Any, Any, Any, Any]:
+        """The children of a label pair not made at start (a record from elsewhere): other."""
+        endpoint, _ = key
+        return self._by_scenario.get((endpoint, "other")) or self._by_scenario[("other", "other")]
 
     def observe_gc_pause(self, seconds: float) -> None:
         """One collection's pause (``payonce_gc_pause_seconds``)."""
@@ -451,8 +498,21 @@ class Metrics:
         answered = self._answered
         key = (outcome, record.status)
         answered[key] = answered.get(key, 0) + 1
+        counts = self.deferred.counts
+        key2 = (record.endpoint, record.scenario_label)
+        children = self._by_scenario.get(key2) or self._scenario_children(key2)
+        child = children[0]
+        counts[child] = counts.get(child, 0.0) + 1.0
+        cost = record.cost_usd
+        if cost:
+            child = children[1]
+            counts[child] = counts.get(child, 0.0) + cost
+        if outcome == "joined" or outcome == "replayed":
+            child = children[2]
+            counts[child] = counts.get(child, 0.0) + 1.0
         if record.unprotected_retry:
             self.deferred.add(self.unprotected_retries)
+            self.deferred.add(children[3])
         elif record.sdk_match == "retry" and (outcome == "joined" or outcome == "replayed"):
             self.deferred.add(self.sdk_retries_matched)
         latency = record.upstream_latency
@@ -472,8 +532,21 @@ class Metrics:
         key = (outcome, record.status)
         for view, index in self._answered_slots.get(key) or self._answered_slots_of(key):
             view[index] += 1.0
+        slots = self._slots
+        key2 = (record.endpoint, record.scenario_label)
+        children = self._by_scenario.get(key2) or self._scenario_children(key2)
+        view, index = slots.get(children[0]) or self._slot_of(children[0])
+        view[index] += 1.0
+        cost = record.cost_usd
+        if cost:
+            view, index = slots.get(children[1]) or self._slot_of(children[1])
+            view[index] += cost
+        if outcome == "joined" or outcome == "replayed":
+            view, index = slots.get(children[2]) or self._slot_of(children[2])
+            view[index] += 1.0
         if record.unprotected_retry:
             self.deferred.add(self.unprotected_retries)
+            self.deferred.add(children[3])
         elif record.sdk_match == "retry" and (outcome == "joined" or outcome == "replayed"):
             self.deferred.add(self.sdk_retries_matched)
         latency = record.upstream_latency

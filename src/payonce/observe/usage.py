@@ -99,4 +99,9 @@ def normalise_usage(usage: object) -> dict[str, int] | None:
             if isinstance(value, int):
                 result["input_tokens"] = result.get("input_tokens", 0) + value
     result.setdefault("output_tokens", 0)  # embeddings report input tokens only
+    # The cost the provider states itself (OpenRouter's usage.cost, USD), kept in
+    # nano-USD so that usage stays integers (observe/pricing.py prices by it).
+    cost = usage.get("cost")
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and 0 <= cost < 1e6:
+        result["provider_cost_nano_usd"] = round(cost * 1e9)
     return result
