@@ -14,7 +14,18 @@ litellm-cache   the same, with its response cache on (``cache: true``, in memory
                 requests)
 payonce-sqlite  ``payonce serve`` on SQLite, one worker
 payonce-redis   ``payonce serve`` on Redis (a private ``redis-server``), one worker
+payonce-postgres
+                ``payonce serve`` on PostgreSQL (a private server: Debian's
+                ``postgresql``, ``initdb`` into the run's folder, its durable defaults:
+                ``fsync`` and ``synchronous_commit`` on), one worker
+payonce-postgres-2x
+                two ``payonce serve`` on that PostgreSQL behind one port (nginx,
+                round robin): workload 2 only, the issue 32 figure
 ==============  ==========================================================================
+
+The store's own CPU (redis-server's, PostgreSQL's backends') is counted beside the
+gateway's: ``store_cpu_us`` and ``cpu_us_with_store`` in workload 1,
+``store_cpu_us_per_call`` in workload 4, ``cpu_us_per_event_with_store`` in workload 5.
 
 ``--baseline-src DIR`` adds ``payonce-sqlite-baseline`` (and ``payonce-redis-baseline``
 when Redis runs): the same system with the payonce sources in ``DIR/src`` (a checkout of
@@ -104,6 +115,8 @@ import gateway_overhead as go  # noqa: E402
 import peers_load  # noqa: E402
 import peers_report  # noqa: E402
 import peers_streams  # noqa: E402
+from payonce.errors import ConfigError  # noqa: E402
+from payonce.torture.postgres import LocalPostgres, bin_dir  # noqa: E402
 
 SYSTEMS = (
     "direct",
@@ -113,7 +126,12 @@ SYSTEMS = (
     "portkey",
     "payonce-sqlite",
     "payonce-redis",
+    "payonce-postgres",
+    "payonce-postgres-2x",
 )
+# Systems that only make sense in some workloads (two gateways: CPU per request is
+# not one process's).
+ONLY_IN = {"payonce-postgres-2x": ("workload2",)}
 PORTKEY_VERSION = "1.15.2"
 # Its postinstall (patch-package) has no patches to apply in the published package.
 NPM_FLAGS = ("--no-audit", "--no-fund", "--ignore-scripts")
@@ -402,6 +420,16 @@ class Stack:
     _litellm: dict[bool, tuple[go.Service, str]] = field(default_factory=dict)
     _redis: str | None = None
     redis_pid: int | None = None  # its CPU is the Redis store's, reported beside the gateway's
+    _postgres: LocalPostgres | None = None
+    postgres_pid: int | None = None  # the postmaster: its backends are its children
+
+    def store_pid(self, system: str) -> int | None:
+        """The process (tree) whose CPU is ``system``'s store's, counted beside it."""
+        if system.startswith("payonce-redis"):
+            return self.redis_pid
+        if system.startswith("payonce-postgres"):
+            return self.postgres_pid
+        return None
 
     def sim(self, name: str) -> tuple[go.Service, str]:
         """A simulator: "fast" (fixed:0; X-Sim-* headers pace it) or "incident:SYSTEM".
@@ -449,6 +477,23 @@ class Stack:
             self.redis_pid = service.pid
             self._redis = f"redis://127.0.0.1:{port}/0"
         return self._redis
+
+    def postgres(self) -> str:
+        """A PostgreSQL server of the run's own, with PostgreSQL's durable defaults.
+
+        LocalPostgres turns ``fsync`` off for the tests; a benchmark of the store
+        teams run measures what they run: every commit flushed to disk.
+        """
+        if self._postgres is None:
+            settings = ("fsync = on", "max_connections = 100", "shared_buffers = 128MB")
+            server = LocalPostgres(go.free_port(), settings)
+            self.exits.callback(server.remove)
+            server.create()
+            assert server.process is not None
+            pin(server.process.pid, PROXY_CORE)  # as Redis: on the gateway's core
+            self.postgres_pid = server.process.pid
+            self._postgres = server
+        return self._postgres.url
 
     def litellm(self, cache: bool) -> tuple[go.Service, str]:
         """The LiteLLM proxy, one deployment per simulator; with ``cache``, its cache on."""
@@ -523,7 +568,12 @@ class Stack:
         self, store: str, upstream: str, name: str, src: Path | None = None
     ) -> Iterator[tuple[go.Service, str]]:
         port = go.free_port()
-        store_url = self.redis() if store == "redis" else f"sqlite:///{self.workdir}/{name}.db"
+        if store == "redis":
+            store_url = self.redis()
+        elif store.startswith("postgres"):
+            store_url = self.postgres()
+        else:
+            store_url = f"sqlite:///{self.workdir}/{name}.db"
         if store == "redis":
             flush = subprocess.run(
                 ["redis-cli", "-u", store_url, "FLUSHALL"], capture_output=True, check=False
@@ -542,15 +592,15 @@ class Stack:
             service.stop()
 
     @contextlib.contextmanager
-    def nginx(self, upstream: str, name: str) -> Iterator[tuple[go.Service, str]]:
+    def nginx(self, upstream: str, name: str, *more: str) -> Iterator[tuple[go.Service, str]]:
+        """nginx in front of ``upstream`` (and ``more``: round robin between them)."""
         if self.nginx_binary is None:
             raise RuntimeError("nginx is not installed")
         port = go.free_port()
         root = self.workdir / name
         root.mkdir(exist_ok=True)
-        (root / "nginx.conf").write_text(
-            _NGINX.format(root=root, port=port, upstream=upstream.removeprefix("http://"))
-        )
+        servers = " ".join(f"server {url.removeprefix('http://')};" for url in (upstream, *more))
+        (root / "nginx.conf").write_text(_NGINX.format(root=root, port=port, servers=servers))
         command = [self.nginx_binary, "-c", str(root / "nginx.conf"), "-p", f"{root}/"]
         service = go.start_service(name, command, self.workdir)
         url = f"http://127.0.0.1:{port}"
@@ -575,7 +625,7 @@ http {{
     proxy_temp_path {root}/proxy;
     keepalive_requests 1000000;
     upstream backend {{
-        server {upstream};
+        {servers}
         keepalive 64;
         keepalive_requests 1000000;
     }}
@@ -633,6 +683,13 @@ def endpoints(stack: Stack, sim: str, systems: Sequence[str]) -> Iterator[list[E
                     ("x-portkey-custom-host", sim_url + "/v1"),
                 )
                 found.append(Endpoint(system, url, service, sim_url, headers=route))
+            elif system == "payonce-postgres-2x":
+                # Two replicas on one database behind one port; the balancer's service
+                # stands for the system (its CPU is not the figure here: the bill is).
+                _, one = exits.enter_context(stack.payonce("postgres", sim_url, name + "-1"))
+                _, two = exits.enter_context(stack.payonce("postgres", sim_url, name + "-2"))
+                service, url = exits.enter_context(stack.nginx(one, name, two))
+                found.append(Endpoint(system, url, service, sim_url, keyed=True))
             else:
                 store = system.removeprefix("payonce-").removesuffix("-baseline")
                 src = stack.options.baseline_src if system.endswith("-baseline") else None
@@ -747,7 +804,9 @@ def wrk(stack: Stack, endpoint: Endpoint, kind: str, keys: Sequence[str], second
 def workload1(stack: Stack) -> dict[str, Any]:
     """Throughput and CPU per request at zero upstream latency, interleaved rounds."""
     options = stack.options
-    systems = [name for name in options.systems if name != "litellm-cache"]
+    systems = [
+        name for name in options.systems if name != "litellm-cache" and _runs_in(name, "workload1")
+    ]
     rows: dict[str, list[dict[str, Any]]] = {}
     with endpoints(stack, "fast", systems) as found:
         plan: list[tuple[Endpoint, str, tuple[str, ...]]] = []
@@ -767,11 +826,19 @@ def workload1(stack: Stack) -> dict[str, Any]:
                 if options.warmup:
                     wrk(stack, endpoint, kind, keys, options.warmup)
                 usage = Usage.now(endpoint.service.pid)
+                store = stack.store_pid(endpoint.system)
+                store_usage = Usage.now(store) if store is not None else None
                 result = wrk(stack, endpoint, kind, keys, options.duration)
                 used = usage.since(result.requests)
+                store_cpu = store_usage.since(result.requests)["cpu_us_per_call"] if (
+                    store_usage is not None and result.requests
+                ) else None  # fmt: skip
+                cpu = used["cpu_us_per_call"] if result.requests else None
                 row = {
                     "rps": result.rps,
-                    "cpu_us": used["cpu_us_per_call"] if result.requests else None,
+                    "cpu_us": cpu,
+                    "store_cpu_us": store_cpu,
+                    "cpu_us_with_store": None if cpu is None else cpu + (store_cpu or 0.0),
                     "runq_wait": used["runq_wait"],
                     "p50_ms": result.p50_us / 1000,
                     "p99_ms": result.p99_us / 1000,
@@ -782,7 +849,9 @@ def workload1(stack: Stack) -> dict[str, Any]:
                 rows.setdefault(name, []).append(row)
                 print(
                     f"# w1 round {number + 1} {name}: {row['rps']:,.0f} req/s,"
-                    f" {row['cpu_us'] or 0:,.0f} µs CPU/req, errors {result.errors}",
+                    f" {row['cpu_us'] or 0:,.0f} µs CPU/req"
+                    + (f" (+{store_cpu:,.0f} store)" if store_cpu is not None else "")
+                    + f", errors {result.errors}",
                     flush=True,
                 )
     return {
@@ -941,7 +1010,9 @@ def _added(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 def workload3(stack: Stack) -> dict[str, Any]:
     """Concurrent streams: added time to first byte and total time, peak memory."""
     options = stack.options
-    systems = [name for name in options.systems if name != "litellm-cache"]
+    systems = [
+        name for name in options.systems if name != "litellm-cache" and _runs_in(name, "workload3")
+    ]
     if "direct" not in systems:
         systems.insert(0, "direct")
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -993,7 +1064,11 @@ def workload4(stack: Stack) -> dict[str, Any]:
     kept only as ``vs_direct_run``.
     """
     options = stack.options
-    systems = ["direct"] + [name for name in options.systems if name.startswith("payonce")]
+    systems = ["direct"] + [
+        name
+        for name in options.systems
+        if name.startswith("payonce") and _runs_in(name, "workload4")
+    ]
     rows: dict[str, list[dict[str, Any]]] = {}
     streams = options.calls // 2
     reset(stack.sim("fast")[1])  # workload 1 left a million bill lines in its memory
@@ -1055,8 +1130,9 @@ def _long_calls(
     names = ("payonce_event_loop_lag_seconds", "payonce_gc_pause_seconds")
     before = {name: histogram(endpoint.url, name) for name in names} if own else {}
     usage = Usage.now(endpoint.service.pid)
-    # SQLite's work is in the gateway's process; Redis's in redis-server's: counted apart.
-    store = stack.redis_pid if endpoint.system.startswith("payonce-redis") else None
+    # SQLite's work is in the gateway's process; Redis's in redis-server's, PostgreSQL's
+    # in its backends: counted apart.
+    store = stack.store_pid(endpoint.system)
     store_usage = Usage.now(store) if store is not None else None
     with (
         Sampler(endpoint.service.pid, every=0.25) as sampler,
@@ -1096,7 +1172,7 @@ def workload5(stack: Stack) -> dict[str, Any]:
     """Streams at token rate: CPU per event against nginx's, extra gaps against direct's."""
     options = stack.options
     loads = peers_streams.QUICK_LOADS if options.quick else peers_streams.LOADS
-    chosen = peers_streams.variants(options.systems)
+    chosen = peers_streams.variants([s for s in options.systems if _runs_in(s, "workload5")])
     systems = list(dict.fromkeys(system for system, _ in chosen))
     rows: dict[str, list[dict[str, Any]]] = {}
     reset(stack.sim("fast")[1])
@@ -1114,7 +1190,7 @@ def workload5(stack: Stack) -> dict[str, Any]:
                                      timeout=60 + lasts)  # fmt: skip
                     job["gaps"] = True
                     usage = Usage.now(endpoint.service.pid)
-                    store = stack.redis_pid if system.startswith("payonce-redis") else None
+                    store = stack.store_pid(system)
                     store_usage = Usage.now(store) if store is not None else None
                     (document,) = run_load(job, stack.workdir)
                     cpu = usage.since(1)["cpu_us_per_call"]
@@ -1137,6 +1213,10 @@ def workload5(stack: Stack) -> dict[str, Any]:
                         flush=True,
                     )
     return _summarised(rows)
+
+
+def _runs_in(system: str, workload: str) -> bool:
+    return workload in ONLY_IN.get(system, (workload,))
 
 
 RUNNERS: dict[str, Callable[[Stack], dict[str, Any]]] = {
@@ -1163,11 +1243,13 @@ def prepare_tools(stack: Stack) -> None:
             raise RuntimeError("wrk is required for workload 1 (apt-get install -y wrk)")
         stack.wrk = found
         stack.versions["wrk"] = _version(go.tool_version([found, "-v"]))
-    if "nginx" in options.systems:
+    if "nginx" in options.systems or "payonce-postgres-2x" in options.systems:
         stack.nginx_binary = go.ensure_binary("nginx", ["nginx-light", "nginx"], options.install)
         if stack.nginx_binary is None:
             raise RuntimeError("nginx is missing (apt-get install -y nginx)")
         stack.versions["nginx"] = _version(go.tool_version([stack.nginx_binary, "-v"]))
+    if any(system.startswith("payonce-postgres") for system in options.systems):
+        stack.versions["postgresql"] = bin_dir().parent.name  # raises ConfigError if missing
     if "payonce-redis" in options.systems:
         stack.redis_binary = go.ensure_binary("redis-server", ["redis-server"], options.install)
         if stack.redis_binary is None:
@@ -1207,7 +1289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     try:
         report = run(options)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+    except (RuntimeError, OSError, subprocess.SubprocessError, ConfigError) as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     options.json_path.write_text(json.dumps(report, indent=1) + "\n")

@@ -55,7 +55,20 @@ def ratios(report: dict[str, Any]) -> list[tuple[str, float, str]]:
     if redis and nginx:
         found.append(("payonce keyed first call (Redis) / nginx, CPU per request",
                       redis / nginx, "-"))  # fmt: skip
-    for store in ("sqlite", "redis"):  # --baseline-src: this checkout against an earlier one
+    with_store = {  # the gateway's CPU plus its store's (SQLite's is in the gateway)
+        store: _median(rows, f"payonce-{store} first", "cpu_us_with_store")
+        for store in ("redis", "postgres")
+    }
+    for store, cpu in with_store.items():
+        if first and cpu:
+            target = "at most 1.5x" if store == "postgres" else "-"
+            found.append((f"payonce keyed first call ({store}, its server's CPU added) / SQLite's,"
+                          " CPU per request", cpu / first, target))  # fmt: skip
+    for store in (
+        "sqlite",
+        "redis",
+        "postgres",
+    ):  # --baseline-src: this checkout against an earlier one
         for load in ("first", "nokey", "replay"):
             now = _median(rows, f"payonce-{store} {load}", "cpu_us")
             before = _median(rows, f"payonce-{store}-baseline {load}", "cpu_us")
@@ -70,15 +83,16 @@ def table(report: dict[str, Any]) -> str:
     results, out = report["results"], []
     nginx = _median(results.get("workload1", {}), "nginx first", "cpu_us")
     if "workload1" in results:
-        out += ["", "| system | load | CPU µs/request | xnginx | requests/s | p50 ms | p99 ms"]
-        out[-1] += " | waited for a core |"
-        out += ["|---|---|--:|--:|--:|--:|--:|--:|"]
+        out += ["", "| system | load | CPU µs/request | its store's µs | xnginx | requests/s"]
+        out[-1] += " | p50 ms | p99 ms | waited for a core |"
+        out += ["|---|---|--:|--:|--:|--:|--:|--:|--:|"]
         for name, row in results["workload1"].items():
             system, load = name.split(" ")
             cpu = row["cpu_us"]["median"]
             times = f"{cpu / nginx:.1f}x" if cpu and nginx else "-"
             out.append(
-                f"| {system} | {LOADS[load]} | {_range(row['cpu_us'], ',.0f')} | {times}"
+                f"| {system} | {LOADS[load]} | {_range(row['cpu_us'], ',.0f')}"
+                f" | {_range(row.get('store_cpu_us'), ',.0f')} | {times}"
                 f" | {_range(row['rps'], ',.0f')} | {_range(row['p50_ms'], '.1f')}"
                 f" | {_range(row['p99_ms'], '.1f')} | {_range(row.get('runq_wait'), '.0%')} |"
             )
@@ -138,7 +152,7 @@ def table(report: dict[str, Any]) -> str:
             cells.append(_range(row["peak_fds"], ".0f"))
             cpu = _range(row["cpu_us_per_call"], ".2f", 1e-3)
             if row.get("store_cpu_us_per_call"):
-                cpu += f" (+{_range(row['store_cpu_us_per_call'], '.2f', 1e-3)} Redis)"
+                cpu += f" (+{_range(row['store_cpu_us_per_call'], '.2f', 1e-3)} store)"
             cells.append(cpu)
             cells.append(_range(row.get("runq_wait"), ".0%"))
             cells.append(_range(row.get("loop_lag_p99_ms"), ".0f"))
@@ -149,7 +163,8 @@ def table(report: dict[str, Any]) -> str:
             "added: against calls of the same kinds sent direct to the simulator by the same"
             " load generators in the same run (the direct row: its own noise). Loop lag and"
             " collector pauses: payonce's own histograms (upper bound of the bucket). CPU:"
-            " the gateway's process (SQLite's work included), and redis-server's apart.",
+            " the gateway's process (SQLite's work included), and the store server's"
+            " (redis-server, PostgreSQL's backends) apart.",
         ]
     loads = report.get("load_average", {})
     out += ["", "load average (1, 5, 15 min): "]

@@ -13,13 +13,14 @@ import sys
 import time
 from collections.abc import Iterator
 
+import asyncpg
 import pytest
 
 from payonce.clock import ManualClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store import ClaimStatus, StoredResponse, open_store
 from payonce.store.postgres import PostgresStore, parse_postgres_url
-from payonce.store.postgres.schema import SCHEMA_VERSION
+from payonce.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.store.conftest import empty_postgres
 from tests.support.postgres import Postgres, running_pgbouncer, running_postgres
 
@@ -100,7 +101,7 @@ async def test_replicas_starting_together_migrate_once(pg: Postgres) -> None:
     applied = await asyncio.gather(*(store.prepare() for store in stores))
     for store in stores:
         await store.close()
-    assert sorted(applied) == [[], [], [], [SCHEMA_VERSION]]
+    assert sorted(applied) == [[], [], [], list(range(1, SCHEMA_VERSION + 1))]
     assert pg.psql("SELECT value FROM payonce_meta") == str(SCHEMA_VERSION)
 
 
@@ -118,7 +119,8 @@ async def test_no_migrate_refuses_a_missing_schema_and_migrate_applies_it(pg: Po
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"schema {SCHEMA_VERSION}: applied 1"
+    every = ", ".join(str(number) for number, _ in MIGRATIONS)
+    assert done.stdout.strip() == f"schema {SCHEMA_VERSION}: applied {every}"
     again = subprocess.run(
         [sys.executable, "-m", "payonce", "migrate", "--store", pg.url],
         capture_output=True, text=True, timeout=60, env=env, check=False,
@@ -304,3 +306,112 @@ async def test_purge_works_in_chunks_and_keeps_running_calls(pg: Postgres) -> No
         assert running.status is ClaimStatus.ACQUIRED
     finally:
         await store.close()
+
+
+# -- statements grouped, notifications only for watched records --------------------
+
+
+async def test_a_schema_1_database_is_migrated_to_the_current_one(pg: Postgres) -> None:
+    pg.psql(
+        "DROP TABLE IF EXISTS payonce_meta, payonce_records, payonce_events, payonce_replay_batches"
+    )
+    _, first = MIGRATIONS[0]
+    connection = await asyncpg.connect(pg.url)  # as payonce's user: its tables
+    try:
+        await connection.execute(first)
+        await connection.execute(
+            "INSERT INTO payonce_meta VALUES ('schema_version', '1');"
+            " INSERT INTO payonce_records (tenant, key, fingerprint, state, token, created_at,"
+            " lease_expires_at, expires_at) VALUES ('t', 'old', 'fp', 'completed', 'x', 1, 1, 1e12)"
+        )
+    finally:
+        await connection.close()
+    store = PostgresStore(pg.url)
+    try:
+        assert await store.prepare() == [number for number, _ in MIGRATIONS[1:]]
+        record = await store.get("t", "old")
+        assert record is not None and record.fingerprint == "fp"
+    finally:
+        await store.close()
+
+
+async def test_concurrent_claims_and_completions_share_statements(pg: Postgres) -> None:
+    store = PostgresStore(pg.url)
+    try:
+        await store.ping()
+        keys = [f"k{number}" for number in range(200)]
+        claims = await asyncio.gather(
+            *(store.claim("t", key, "fp", lease=30, ttl=60) for key in keys),
+            store.claim("t", "k0", "fp", lease=30, ttl=60),  # the same key twice at once
+        )
+        statuses = [claim.status for claim in claims]
+        assert statuses.count(ClaimStatus.ACQUIRED) == 200
+        assert statuses.count(ClaimStatus.IN_PROGRESS) == 1
+        assert store._claims.items == 201
+        assert store._claims.statements < 201 / 4, "claims were not grouped"
+        done = await asyncio.gather(
+            *(
+                store.complete("t", key, claim.record.token, ANSWER, ttl=60)
+                for key, claim in zip(keys, claims, strict=False)
+            ),
+            store.complete("t", "k1", "not-the-token", ANSWER, ttl=60),  # fenced, in a batch
+        )
+        assert done == [True] * 200 + [False]
+        assert store._completions.statements < 201 / 4
+        assert pg.psql("SELECT count(*) FROM payonce_records WHERE state = 'completed'") == "200"
+    finally:
+        await store.close()
+
+
+async def test_a_claim_whose_caller_left_is_released_not_left_to_its_lease(pg: Postgres) -> None:
+    store = PostgresStore(pg.url)
+    try:
+        await store.ping()
+        claiming = asyncio.create_task(store.claim("t", "gone", "fp", lease=300, ttl=600))
+        while store._claims.items == 0 and not store._claims._pending:  # queued
+            await asyncio.sleep(0)
+        while store._claims._pending:  # taken into a statement, on its way
+            await asyncio.sleep(0)
+        claiming.cancel()
+        await asyncio.gather(claiming, return_exceptions=True)
+        assert claiming.cancelled(), "the claim's answer came before the cancel: run again"
+        deadline = time.monotonic() + 10
+        while store._claims.items == 0 or store._releasing:  # answered, then released
+            assert time.monotonic() < deadline, "the claim was neither answered nor released"
+            await asyncio.sleep(0.02)
+        assert pg.psql("SELECT count(*) FROM payonce_records WHERE key = 'gone'") == "0"
+        again = await store.claim("t", "gone", "fp", lease=300, ttl=600)
+        assert again.status is ClaimStatus.ACQUIRED
+    finally:
+        await store.close()
+
+
+async def test_only_writes_to_a_watched_record_are_announced(pg: Postgres) -> None:
+    """NOTIFY wakes every listening backend and gateway: sent only when a follower
+    in another process marked the record, and then it arrives."""
+    holder, follower = PostgresStore(pg.url), PostgresStore(pg.url)
+    heard: list[str] = []
+    listener = await asyncpg.connect(pg.url)
+    await listener.add_listener("payonce_records", lambda *args: heard.append(args[-1]))
+    try:
+        await follower.ping()
+        await asyncio.sleep(0.3)  # the follower's LISTEN connection is up
+        alone = await holder.claim("t", "alone", "fp", lease=30, ttl=60)
+        assert await holder.complete("t", "alone", alone.record.token, ANSWER, ttl=60)
+        watched = await holder.claim("t", "watched", "fp", lease=30, ttl=60)
+        waiting = asyncio.create_task(follower.wait("t", "watched", 20))
+        deadline = time.monotonic() + 10
+        while pg.psql("SELECT watched FROM payonce_records WHERE key = 'watched'") != "t":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        assert await holder.complete("t", "watched", watched.record.token, ANSWER, ttl=60)
+        record = await waiting
+        assert record is not None and record.response == ANSWER
+        assert time.monotonic() - started < 5, "the follower was not woken: it polled"
+        await asyncio.sleep(0.2)  # a NOTIFY for "alone" would have come by now
+        assert len(heard) == 1, heard
+    finally:
+        await listener.close()
+        await holder.close()
+        await follower.close()

@@ -62,6 +62,12 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        2,
+        # A follower in another process marks the record it waits for: only the
+        # writes to a watched record send a NOTIFY (notify.py).
+        "ALTER TABLE payonce_records ADD COLUMN watched boolean NOT NULL DEFAULT false",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
