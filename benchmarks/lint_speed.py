@@ -5,7 +5,7 @@ Generates a tree of modules with realistic sizes (log-normal, median ~4 KB,
 which calls an LLM SDK (some inside tenacity retries, some with short
 timeouts), then times the real command line, ``payonce lint DIR``, with the
 default worker count and with ``-j 1``. Results go to stdout; the measured
-numbers are recorded in docs/benchmarks.md ("payonce lint speed").
+numbers are recorded in benchmarks/NOTEBOOK.md ("payonce lint speed").
 
     .venv/bin/python benchmarks/lint_speed.py [--files 10000] [--seed 7] [--keep DIR]
 """

@@ -52,7 +52,7 @@ class _Exchange(asyncio.Protocol):
 
     A plain protocol rather than aiohttp's client: at 5,000 calls the load
     generator's own CPU on the load core delayed every call, direct ones included
-    (docs/benchmarks.md, "Workload 4 at full size"), and this needs a fraction of
+    (benchmarks/NOTEBOOK.md, "Workload 4 at full size"), and this needs a fraction of
     it. It notes the time of the first body byte and of the body's end (by its
     Content-Length, or the chunked body's last chunk, or the server's close).
     """

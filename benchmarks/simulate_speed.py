@@ -12,7 +12,7 @@ with payonce, and compares it with two baselines measured in the same run:
 
 Finally the whole command, ``payonce simulate ... --json`` in a fresh process
 (imports included). The load average is printed: other work on the machine slows
-every row alike. Results are recorded in docs/benchmarks.md ("payonce simulate speed").
+every row alike. Results are recorded in benchmarks/NOTEBOOK.md ("payonce simulate speed").
 
     .venv/bin/python benchmarks/simulate_speed.py [--requests 1000000] [--repeat 3]
 """

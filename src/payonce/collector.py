@@ -10,12 +10,12 @@ count of allocations says so, in the middle of whatever request allocated. With
 live objects and stopped the loop for 100-150 ms, every 2 s while the calls were
 starting; streams whose first event came during one were that much later. The
 count it goes by is net of every deallocation, old objects' included, so a
-threshold does not bound the young generation either (docs/benchmarks.md,
+threshold does not bound the young generation either (benchmarks/NOTEBOOK.md,
 "The cycle collector at 5,000 calls in flight"). The simulator on CPython's own
 schedule made full collections every 2 s while 5,000 calls were starting (each
 when its heap had grown by a quarter), of 28, 74, 148, 196 and 286 ms; they
 delayed the first byte of every call it was serving then, the benchmark's
-direct ones included (docs/benchmarks.md, "The simulator's own pauses").
+direct ones included (benchmarks/NOTEBOOK.md, "The simulator's own pauses").
 
 So :class:`Collector` collects generations 0 and 1 itself every ``young_every``
 seconds (0.1): a young collection then holds at most two periods' survivors,
@@ -59,7 +59,7 @@ QUIET = 10  # a due full collection waits while more calls than this are in flig
 # not turn: at 7,000 (CPython's 700 times ten) it also fired between the timer's
 # collections whenever calls arrived fast (500 a second: twice a period), and each
 # call's survivors were traversed twice, there and again by the timer's generation
-# 1: 40-45 ms a second of the ramp's 100 (docs/benchmarks.md, "The collector's
+# 1: 40-45 ms a second of the ramp's 100 (benchmarks/NOTEBOOK.md, "The collector's
 # safety net").
 THRESHOLDS = (25_000, 1 << 30, 1 << 30)
 

@@ -2,7 +2,7 @@
 
 With thousands of calls in flight, every object that can only be freed by the
 cycle collector is one more it must traverse, with the event loop stopped, in
-every full collection (docs/benchmarks.md, "The cycle collector"). The gateway's
+every full collection (benchmarks/NOTEBOOK.md, "The cycle collector"). The gateway's
 protocol and its transport wrapper referred to each other, so each connection's
 protocol, transports, uvicorn cycle and flow control outlived it as garbage.
 

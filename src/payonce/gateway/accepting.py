@@ -5,7 +5,7 @@ libuv 1.45, "unix: don't accept() connections in a loop", libuv pull request
 3696), and relies on level-triggered polling to hear of the next one. With
 thousands of calls in flight a turn of the gateway's loop takes milliseconds, so
 it accepted at most a few hundred connections a second, whatever was waiting: in
-workload 4 (5,000 calls started at 550 a second, docs/benchmarks.md) the accept
+workload 4 (5,000 calls started at 550 a second, benchmarks/NOTEBOOK.md) the accept
 queue held about 100 connections near the end of the ramp, and those calls
 waited 100-250 ms in the kernel before the gateway saw them. Nothing of the
 gateway's saw that wait (no log, no metric, and the loop-lag probe was on time:

@@ -101,7 +101,7 @@ async def renew_leases(running: RunTable[Execution], lease: float) -> None:
     due, so renewals are spread as the runs started. Renewing every run at once, every
     third of a lease, was a burst of 5,000 renewals every 10 s with 5,000 calls in
     flight, 40 pipelines of 128 in a row on the gateway's core, and the calls that
-    arrived meanwhile waited for them (docs/benchmarks.md, "Lease renewals spread").
+    arrived meanwhile waited for them (benchmarks/NOTEBOOK.md, "Lease renewals spread").
     """
     loop = asyncio.get_running_loop()
     while True:

@@ -218,7 +218,7 @@ def _tenant_hash(value: bytes) -> str | None:
 class Tenants:
     """:func:`tenant_of` for one gateway, remembering the tenants of recent credentials.
 
-    A sha256 per request was a fifth of what the call log costs (docs/benchmarks.md,
+    A sha256 per request was a fifth of what the call log costs (benchmarks/NOTEBOOK.md,
     observability), and a client sends the same credential on every request. The
     memory is keyed by two of Python's own hashes of the header value (SipHash
     with this process's random key, over two different inputs): 128 bits that

@@ -1,7 +1,7 @@
 """Running the gateway: open the store, start the upstream client, serve with uvicorn.
 
 uvicorn (httptools, uvloop) serves the pure ASGI app; aiohttp is the upstream
-client. Both were chosen by measurement (docs/benchmarks.md).
+client. Both were chosen by measurement (benchmarks/NOTEBOOK.md).
 """
 
 from __future__ import annotations

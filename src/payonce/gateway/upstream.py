@@ -2,7 +2,7 @@
 
 Not httpx, nor aiohttp's ``ClientSession`` any more, on this hot path: as a
 proxy client to one origin both cost several times what a pool of httptools-parsed
-connections costs per request (docs/benchmarks.md). Bodies are relayed as
+connections costs per request (benchmarks/NOTEBOOK.md). Bodies are relayed as
 received (no decompression) so a replay is byte-for-byte the original.
 
 Retries happen only when the request provably never left (docs/gateway.md, Gateway

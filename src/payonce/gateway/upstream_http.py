@@ -4,7 +4,7 @@ Why not aiohttp's ``ClientSession``: for every call it builds a ``ClientRequest`
 a ``URL``, a ``CIMultiDict`` of the headers, trace and timer contexts, a
 ``ClientResponse`` with its own multidict, and goes through its connector's
 bookkeeping: about a third of the CPU of a keyed first call
-(docs/benchmarks.md, "Where the keyed first call's microseconds go"). A proxy in
+(benchmarks/NOTEBOOK.md, "Where the keyed first call's microseconds go"). A proxy in
 front of one origin needs little of it: a request written as one ``bytes`` from
 the client's header fields as they arrived, and a response parsed by llhttp
 (httptools, the parser uvicorn already runs for the gateway's own side).

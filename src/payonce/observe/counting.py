@@ -110,7 +110,7 @@ class Deferred:
     A prometheus-client update takes a lock and several calls (about a
     microsecond each); the gateway makes a dozen per request. Summing into a
     dict and applying the sums when someone scrapes costs a tenth of that
-    (docs/benchmarks.md, observability).
+    (benchmarks/NOTEBOOK.md, observability).
     """
 
     def __init__(self) -> None:

@@ -9,7 +9,7 @@ could bring old pages back). By default both happen in whichever connection
 commits at the wrong moment, which in the gateway is the event loop's: at 5,000
 streams in flight strace saw those syncs take 3.3 ms at the median, 66 ms at
 p99, 190 ms at worst, and on a busy disk a purge's checkpoints stopped every
-request for 5.9 s (docs/benchmarks.md).
+request for 5.9 s (benchmarks/NOTEBOOK.md).
 
 So the store's loop connection turns automatic checkpoints off
 (``wal_autocheckpoint=0``) and this thread does both, with connections of its
@@ -32,7 +32,7 @@ own (sqlite3 lets go of the GIL while SQLite works, so the loop runs on). Each
   threshold: at 5,000 streams in flight (about 10,000 WAL frames a second)
   starting over after every checkpoint, 7 times a second, added 105 ms to the
   streams' time to first byte at p99 in two runs; about once a second, 28 and
-  50 ms (docs/benchmarks.md).
+  50 ms (benchmarks/NOTEBOOK.md).
 
 Under writes that never pause, a checkpoint hardly ever copies the whole WAL
 (a commit lands while it syncs). Once the WAL holds ``FORCE_FRAMES`` frames,

@@ -6,7 +6,7 @@ several requests reach the store in the same turn of the event loop (their
 bytes arrived in the same poll); running their statements in one
 ``BEGIN IMMEDIATE`` … ``COMMIT`` pays those costs once. On this project's
 machines a transaction of four claim-and-complete pairs cost half as much per
-pair as four separate ones (docs/benchmarks.md).
+pair as four separate ones (benchmarks/NOTEBOOK.md).
 
 Atomicity is unchanged: each statement is still executed alone and in order,
 and no result is handed out before the transaction commits. If the commit (or
@@ -32,7 +32,7 @@ lease renewals, replay counts) are submitted ``deferred``: they wait up to
 thousands of streams in flight, each appending one event a second, a
 transaction per loop turn wrote a few WAL pages per event; one transaction per
 ``DEFER`` writes each touched page once (less than half the bytes, see
-docs/benchmarks.md). The other writes (claims, completions) keep their
+benchmarks/NOTEBOOK.md). The other writes (claims, completions) keep their
 per-turn transactions and never carry the deferred ones, so a claim never waits
 behind them. The two lanes commit separately: a caller that needs one write
 after another of the same key awaits the first (the recorder awaits its appends

@@ -2,7 +2,7 @@
 
 sqlite3 runs inline on the event loop: each statement here is a few tens of
 microseconds, and a thread hand-off (aiosqlite) measured slower per request on
-this project's machines (docs/benchmarks.md). WAL mode lets readers proceed while
+this project's machines (benchmarks/NOTEBOOK.md). WAL mode lets readers proceed while
 one writer commits; ``synchronous=NORMAL`` keeps a process crash safe (an OS
 crash may lose the last commits, which only means a retry runs again) and
 syncs nothing at commit. What does sync the disk, checkpoints and the WAL
@@ -101,7 +101,7 @@ ALTER TABLE payonce_records ADD COLUMN events INTEGER NOT NULL DEFAULT 0;
 # A record's event count is read from its events (the last one's number: they are
 # numbered from 1, and a new holder's stream starts after the old one's are
 # deleted), not kept in payonce_records.events: updating the record beside every
-# append wrote a second B-tree page per stream event (docs/benchmarks.md, "Stream
+# append wrote a second B-tree page per stream event (benchmarks/NOTEBOOK.md, "Stream
 # events without the record's update"). The column stays for files of earlier
 # versions, which still write it; none reads it.
 _COLUMNS = (
@@ -244,7 +244,7 @@ class SQLiteStore:
     ) -> asyncio.Future[Any]:
         # The statement is queued now, in call order, and the caller awaits a plain
         # future: no task per statement (as a coroutine, every write gathered with
-        # another was a task of its own, two per stream event; docs/benchmarks.md).
+        # another was a task of its own, two per stream event; benchmarks/NOTEBOOK.md).
         return self._writes.submit(sql, params, fetch=fetch, deferred=deferred)
 
     async def _read(self, sql: str, params: Any, *, one: bool) -> Any:

@@ -20,7 +20,7 @@ to ``DEFER`` seconds for company, as the SQLite store's deferred writes do (the
 same ``group_commit.DEFER``). Events arrive spread over the turns, one or two a
 turn, so without it nearly every append was a pipeline of its own, and a send to
 Redis (a system call that runs loopback TCP for both ends) was a fifth of the
-gateway's CPU with 2,500 streams in flight (docs/benchmarks.md, "Stream events
+gateway's CPU with 2,500 streams in flight (benchmarks/NOTEBOOK.md, "Stream events
 without the record's update").
 """
 
