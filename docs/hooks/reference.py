@@ -145,7 +145,9 @@ def _param_row(param: Any, ctx: Any) -> str:
     import click
 
     if isinstance(param, click.Argument):
-        names = str(param.metavar or str(param.name).upper()) + ("..." if param.nargs == -1 else "")
+        names = str(param.metavar or str(param.name).upper())
+        if param.nargs == -1 and not names.endswith("..."):
+            names += "..."
         kind = "argument"
         default = "" if param.required else "(optional)"
     else:
@@ -177,7 +179,9 @@ def _default(param: Any, ctx: Any) -> str:
     if not param.show_default and param.default in (None, False, (), []):
         return ""
     default = param.get_default(ctx, call=False)
-    if callable(default) or default is None or default == () or default == []:
+    # click 8.3 and later: a sentinel for "no default", not a value to show.
+    unset = type(default).__name__ == "Sentinel" or str(default).startswith("Sentinel.")
+    if unset or callable(default) or default is None or default == () or default == []:
         return ""
     if isinstance(default, bool) and param.secondary_opts:
         return str(param.opts[0] if default else param.secondary_opts[0])
@@ -215,8 +219,8 @@ def configuration_page() -> str:
         " gateway at start-up with one line naming the flag (exit code 2). What each"
         " setting does, in context: [the gateway](../gateway.md#flags).",
         "",
-        "| TOML key | flag | environment | type | default | description |",
-        "|---|---|---|---|---|---|",
+        "| setting: TOML key, flag, variable | type, default | description |",
+        "|---|---|---|",
     ]
     for field in dataclasses.fields(GatewaySettings):
         param = params.get(field.name)
@@ -238,22 +242,28 @@ def configuration_page() -> str:
             )
             key = ""
         else:
-            flag = ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
+            flag = " / ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
             envvar = f"`{param.envvar}`" if param.envvar else ""
             help_text = getattr(param, "help", None) or ""
-        out.append(
-            f"| {f'`{key}`' if key else ''} | {flag} | {envvar} | `{_cell(field.type)}` | "
-            f"{_cell(_setting_default(default))} | {_cell(help_text)} |"
-        )
+        # Python-Markdown splits a cell at a pipe even in a code span, and keeps the
+        # backslash of an escaped one there: the type is plain text, its pipes entities.
+        kind = str(field.type).replace("|", "&#124;").replace("[", "\\[")
+        names = "<br>".join(part for part in (f"**`{key}`**" if key else "", flag, envvar) if part)
+        out.append(f"| {names} | {kind}, {_setting_default(default)} | {_cell(help_text)} |")
     return "\n".join(out) + "\n"
 
 
 def _setting_default(default: object) -> str:
+    """The default as TOML would spell it (a size in bytes, a duration in seconds)."""
     if default is None or default in ((), {}):
         return "none"
     if isinstance(default, bool):
-        return "true" if default else "false"
-    return repr(default) if isinstance(default, str) else str(default)
+        return "`true`" if default else "`false`"
+    if isinstance(default, str):
+        return f'`"{default}"`'
+    if isinstance(default, float) and default.is_integer():
+        return f"`{int(default)}`"
+    return f"`{default}`"
 
 
 # --- the gateway's own HTTP API -------------------------------------------------------
@@ -272,7 +282,10 @@ def _schema(schema: dict[str, Any]) -> str:
         return " + ".join(_schema(part) for part in schema["allOf"] if "$ref" in part) or "object"
     if "enum" in schema:
         return " \\| ".join(f"`{value}`" for value in schema["enum"])
-    return f"`{schema.get('type', 'any')}`"
+    kind = schema.get("type", "any")
+    if isinstance(kind, list):
+        return " or ".join(f"`{k}`" for k in kind)
+    return f"`{kind}`"
 
 
 def openapi_page() -> str:
@@ -362,3 +375,26 @@ def openapi_json() -> str:
     from payonce.gateway.openapi import openapi_document
 
     return json.dumps(openapi_document(), indent=2) + "\n"
+
+
+# --- the Python API page --------------------------------------------------------------
+
+# ``~`` shows the last name only, as Sphinx does.
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):(<code>)(?:~(?:[\w.]+\.)?)?")
+_LITERAL = re.compile(r"<p>::</p>\s*|(?<=\w)::(?=</p>)")
+
+
+def on_page_content(html: str, page: Any, config: MkDocsConfig, files: Files) -> str:
+    """Docstrings are written for Sphinx: drop its roles and ``::`` markers on the API page.
+
+    ``:class:`~payonce.client.RetryPolicy``` renders as ``RetryPolicy`` in code, and
+    a paragraph ending in ``::`` (a literal block follows) ends in ``:``.
+    """
+    if page.file.src_uri != "reference/api.md":
+        return html
+
+    def role(match: re.Match[str]) -> str:
+        return match.group(1)
+
+    html = _ROLE.sub(role, html)
+    return _LITERAL.sub(lambda m: "" if m.group(0).startswith("<p>") else ":", html)

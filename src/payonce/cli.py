@@ -167,8 +167,21 @@ def cli() -> None:
     hidden=True,  # PAYONCE_ENCRYPTION_KEY only: refused on the command line
     callback=_env_only,
 )
-@click.option("--host", envvar=_env("host"), default="127.0.0.1", show_default=True)
-@click.option("--port", envvar=_env("port"), type=int, default=8080, show_default=True)
+@click.option(
+    "--host",
+    envvar=_env("host"),
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the gateway listens on (0.0.0.0: every IPv4 interface).",
+)
+@click.option(
+    "--port",
+    envvar=_env("port"),
+    type=int,
+    default=8080,
+    show_default=True,
+    help="TCP port the gateway listens on.",
+)
 @click.option(
     "--tls-cert",
     envvar=_env("tls_cert"),
@@ -420,6 +433,7 @@ def cli() -> None:
     type=Duration(),
     default="5s",
     show_default=True,
+    help="How long opening a connection to the upstream may take.",
 )
 @click.option(
     "--upstream-timeout",
@@ -502,6 +516,7 @@ def cli() -> None:
     default="info",
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    help="The least severe messages the gateway logs.",
 )
 @click.option(
     "--workers",
