@@ -2,8 +2,9 @@
 the same checkout with and without pricing, alternating in one run (issue 34).
 
 "Without" runs the gateway with a ``sitecustomize`` that replaces
-``payonce.observe.pricing.priced`` by one that prices nothing (before any gateway
-module imports it), so the difference is the price lookup and arithmetic per call,
+``payonce.observe.pricing.priced`` and ``priced_call`` (what the gateway calls: the
+price, and the list price beside a stated cost) by ones that price nothing (before
+any gateway module imports them), so the difference is the price lookup and arithmetic per call,
 and the import of genai-prices' database, which start-up and shutdown cancel out
 of (``instructions_per_request.per_request`` divides the difference of a small
 and a large run)::
@@ -29,7 +30,11 @@ import payonce.observe.pricing as pricing
 def priced(model, usage):
     return None, None
 
+def priced_call(model, usage):
+    return None, None, None
+
 pricing.priced = priced
+pricing.priced_call = priced_call
 """
 
 

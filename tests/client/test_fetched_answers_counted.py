@@ -75,6 +75,7 @@ def test_a_fetched_answer_is_logged_counted_and_reconciled(tmp_path: Path) -> No
         assert len(fetched) == 1, mine
         line = fetched[0]
         assert (line["method"], line["status"], line["outcome"]) == ("GET", 200, "replayed")
+        assert line["endpoint"] is None
         assert line["upstream_attempts"] == 0
         assert line["cost_usd"] == 0
         assert line["saved_usd"] and line["saved_usd"] > 0
@@ -90,5 +91,7 @@ def test_a_fetched_answer_is_logged_counted_and_reconciled(tmp_path: Path) -> No
     assert totals.business_requests == totals.successful_business_requests == CALLS
     assert totals.billed_generations == CALLS
     assert totals.duplicate_generations == 0
-    # The fetch's path is not an endpoint of the provider's: every call is the chat one.
-    assert [s.key for s in report.by_endpoint] == ["/v1/chat/completions"]
+    # The fetch's path is not an endpoint of the provider's (its line names none): every
+    # call is the chat one, read from the call log's endpoint field by default.
+    assert [s.key for s in report.by_endpoint] == ["chat"]
+    assert report.endpoint_column == "endpoint"

@@ -43,7 +43,7 @@ def test_a_line_is_one_json_object_with_exactly_the_documented_fields_in_order()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     document = orjson.loads(line)
     assert list(document) == documented_fields()
-    assert len(documented_fields()) == 33
+    assert len(documented_fields()) == 34
 
 
 def test_every_field_of_a_forwarded_request() -> None:
@@ -94,6 +94,7 @@ def test_every_field_of_a_forwarded_request() -> None:
         "reasoning_tokens": None,
         "usage_missing_reason": None,
         "cost_usd": 0.00125,
+        "list_cost_usd": None,
         "saved_usd": None,
         "price_source": "genai-prices",
         "latency_ms": 2.123,
@@ -108,8 +109,30 @@ def test_nulls_and_defaults_of_a_rejected_request() -> None:
     for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
         assert document[name] is None
     assert document["cost_usd"] is None and document["saved_usd"] is None
+    assert document["list_cost_usd"] is None
     assert document["upstream_latency_ms"] is None and document["latency_ms"] == 0
     assert document["upstream_attempts"] == 0 and document["stream"] is False
+
+
+def test_a_stated_cost_is_logged_beside_the_list_price() -> None:
+    """Issue 34: the provider's own cost prices the call; its list price stays beside it."""
+    document = orjson.loads(
+        record(
+            model="gpt-4o-mini",
+            outcome="forwarded",
+            cost_usd=0.000125,
+            list_cost_usd=0.00012,
+            price_source="provider",
+        ).line(100.0, 1.0)
+    )
+    assert document["cost_usd"] == 0.000125 and document["price_source"] == "provider"
+    assert document["list_cost_usd"] == 0.00012
+
+
+def test_a_fetched_answer_names_no_endpoint() -> None:
+    """A line of the gateway's own path (/_payonce/...) has endpoint null, not "other"."""
+    rec = record(path="/_payonce/requests/k/response", endpoint=None, outcome="replayed")
+    assert orjson.loads(rec.line(100.0, 1.0))["endpoint"] is None
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,12 @@ from payonce.observe.scenarios import Scenarios, endpoint_of
         ("/v1/embeddings", "embeddings"),
         ("/v1/models", "other"),
         ("/model/anthropic.claude/invoke", "other"),
+        # The gateway's own paths call no provider API (a fetched answer's line).
+        ("/_payonce/requests/order-1/response", None),
+        ("/_payonce/requests/x/chat/completions", None),
     ],
 )
-def test_each_path_is_classified_by_the_api_it_calls(path: str, endpoint: str) -> None:
+def test_each_path_is_classified_by_the_api_it_calls(path: str, endpoint: str | None) -> None:
     assert endpoint_of(path) == endpoint
 
 
@@ -64,6 +67,25 @@ def test_a_thousand_made_up_scenario_names_add_no_series() -> None:
     assert after == before
     other = 'payonce_scenario_requests_total{endpoint="chat",scenario="other"} 1000.0'
     assert other in metrics.render().decode()
+
+
+def test_a_fetched_answer_is_counted_under_endpoint_other_with_its_scenario() -> None:
+    """A request to /_payonce/ names no endpoint (null in the call log); its metrics
+    series is endpoint "other", its scenario kept (no new series)."""
+    scenarios = Scenarios((), ["invoice-summary"])
+    metrics = Metrics(scenarios=scenarios)
+    observer = Observer(metrics, None, SystemClock(), None, scenarios)
+    headers = [(b"x-payonce-scenario", b"invoice-summary")]
+    record = observer.start("GET", "/_payonce/requests/order-1/response", "t", headers)
+    assert record.endpoint is None
+    record.outcome, record.status = "replayed", 200
+    observer.finish(record)
+    text = metrics.render().decode()
+    series = (
+        'payonce_scenario_duplicates_prevented_total{endpoint="other",scenario="invoice-summary"}'
+    )
+    assert f"{series} 1.0" in text
+    assert 'endpoint="None"' not in text
 
 
 def test_scenario_settings_are_checked() -> None:

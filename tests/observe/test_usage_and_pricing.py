@@ -10,7 +10,15 @@ import pytest
 
 from payonce.gateway.observing import UpstreamFacts
 from payonce.observe.metrics import Metrics, model_label
-from payonce.observe.pricing import PRICES, USUAL_MODELS, cost_of, price_of, priced, priced_name
+from payonce.observe.pricing import (
+    PRICES,
+    USUAL_MODELS,
+    cost_of,
+    price_of,
+    priced,
+    priced_call,
+    priced_name,
+)
 from payonce.observe.usage import model_and_usage
 
 OPENAI = {
@@ -261,3 +269,17 @@ def test_made_up_model_names_do_not_grow_the_price_database_memory() -> None:
     for name in ("_lookup_cache", "_provider_cache", "_provider_misses"):
         assert len(getattr(snapshot, name)) <= _DATABASE_MEMORY + 5, name
     assert price_of("gpt-4o") is not None
+
+
+def test_a_stated_cost_keeps_the_list_price_beside_it() -> None:
+    """priced_call: the list price only when the provider stated the cost (the call log's
+    list_cost_usd)."""
+    tokens = {"input_tokens": 1000, "output_tokens": 100}
+    stated = {**tokens, "provider_cost_nano_usd": 3_510_000}
+    cost, source, listed = priced_call("openai/gpt-4o", stated)
+    assert (cost, source) == (pytest.approx(0.00351), "provider")
+    assert listed == pytest.approx(0.0035)
+    assert priced_call("openai/gpt-4o", tokens) == (pytest.approx(0.0035), "genai-prices", None)
+    # A stated cost of a model without a list price: no list price, never zero.
+    assert priced_call("my-own-llama", stated) == (pytest.approx(0.00351), "provider", None)
+    assert priced_call(None, None) == (None, None, None)

@@ -263,3 +263,61 @@ def test_figures_by_scenario_and_endpoint_from_the_call_log(tmp_path: Path) -> N
     assert result["by_endpoint"]["/v1/chat/completions"]["billed_generations"] == 1
     page = render_html(report, ())
     assert "By tag" in page and "invoice-summary" in page and "support-bot" in page
+
+
+def test_the_call_logs_scenario_and_endpoint_are_read_by_default(tmp_path: Path) -> None:
+    """Without --calls-map: the scenario when the head of the log names one, the endpoint
+    when the field is there; else the tenant and the path, as before."""
+    scenario = {"t-a": "invoice-summary", "t-b": "support-bot"}
+    named = [
+        data.payonce_line(call, v=2, endpoint="chat", scenario=scenario[call.tenant])
+        for call in data.CALLS
+    ]
+    calls = data.write_jsonl(tmp_path / "calls.jsonl", named)
+    result = reconcile([calls], [data.ledger_csv(tmp_path)]).as_json()
+    assert (result["tag_column"], result["endpoint_column"]) == ("scenario", "endpoint")
+    assert set(result["by_tag"]) == {"invoice-summary", "support-bot", "(unknown)"}
+    assert result["by_endpoint"]["chat"]["billed_generations"] == 8
+    # No scenario in the log's first lines: the tenant stays the tag.
+    unnamed = [data.payonce_line(call, v=2, endpoint="chat", scenario=None) for call in data.CALLS]
+    calls = data.write_jsonl(tmp_path / "unnamed.jsonl", unnamed)
+    result = reconcile([calls], [data.ledger_csv(tmp_path)]).as_json()
+    assert (result["tag_column"], result["endpoint_column"]) == ("tenant", "endpoint")
+    assert set(result["by_tag"]) == {"t-a", "t-b", "(unknown)"}
+    # A version 1 log (neither field): the tenant and the path.
+    old = data.write_jsonl(tmp_path / "v1.jsonl", [data.payonce_line(c) for c in data.CALLS])
+    result = reconcile([old], [data.ledger_csv(tmp_path)]).as_json()
+    assert (result["tag_column"], result["endpoint_column"]) == ("tenant", "path")
+    assert result["stated_costs"]["calls"] == 0
+
+
+def test_stated_costs_compare_the_providers_cost_with_the_list_price(tmp_path: Path) -> None:
+    stated = {"r1": (0.10, 0.08), "r2": (0.30, None), "r3": (0.20, 0.25)}
+    lines = []
+    for call in data.CALLS:
+        cost, listed = stated.get(call.pid, (0.05, None))
+        source = "provider" if call.pid in stated else "genai-prices"
+        lines.append(
+            data.payonce_line(
+                call,
+                v=2,
+                endpoint="chat",
+                cost_usd=0.0 if call.outcome == "replayed" else cost,
+                price_source=source,
+                list_cost_usd=None if call.outcome == "replayed" else listed,
+            )
+        )
+    replay = data.payonce_line(data.CALLS[0], v=2, outcome="replayed", cost_usd=0.0)
+    lines.append({**replay, "price_source": "provider", "saved_usd": 0.10})
+    calls = data.write_jsonl(tmp_path / "calls.jsonl", lines)
+    report = reconcile([calls], [data.ledger_csv(tmp_path)])
+    figure = report.as_json()["stated_costs"]
+    assert figure["calls"] == 3 and figure["calls_with_list_price"] == 2
+    assert figure["stated_cost_usd"] == pytest.approx(0.60)
+    assert figure["compared_stated_cost_usd"] == pytest.approx(0.30)
+    assert figure["list_cost_usd"] == pytest.approx(0.33)
+    assert figure["difference_usd"] == pytest.approx(-0.03)
+    from payonce.reconcile.html import render_html
+
+    page = render_html(report, ())
+    assert "Stated costs" in page and "have no list price" in page

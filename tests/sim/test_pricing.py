@@ -35,3 +35,10 @@ def test_every_listed_price_is_sane() -> None:
     for name, price in PRICES.items():
         assert price.input_per_million > 0, name
         assert price.output_per_million >= 0, name
+
+
+def test_claude_sonnet_4_5_and_its_snapshot_at_3_and_15() -> None:
+    """Not the default price: $3 / $15 per million input / output tokens, as listed."""
+    for model in ("claude-sonnet-4-5", "claude-sonnet-4-5-20250929"):
+        assert price_for(model) == Price(3.00, 15.00)
+        assert cost_usd(model, 1000, 500) == pytest.approx((1000 * 3 + 500 * 15) / 1e6)

@@ -49,6 +49,74 @@ def test_openrouter_comments_first_and_names_its_generation(fresh_sim: Sim) -> N
     assert body.endswith(b"data: [DONE]\n\n")
 
 
+def _data(body: bytes) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")
+    ]
+
+
+def _billed(sim: Sim, request_id: str) -> dict[str, Any]:
+    entries = sim.ledger()["entries"]
+    [entry] = [e for e in entries if e["provider_request_id"] == request_id]
+    return dict(entry)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_openrouter_states_the_cost_it_bills_in_the_usage(fresh_sim: Sim, stream: bool) -> None:
+    """usage.cost, as OpenRouter sends it: what the ledger bills for the call (issue 34)."""
+    body = STREAM if stream else CHAT_BODY
+    response = _raw(fresh_sim, "openrouter", body)
+    entry = _billed(fresh_sim, response.headers["x-request-id"])
+    if stream:
+        usages = [chunk["usage"] for chunk in _data(response.content) if chunk.get("usage")]
+        [usage] = usages
+    else:
+        usage = response.json()["usage"]
+    assert usage["cost"] == pytest.approx(entry["cost_usd"], abs=1e-12) and entry["cost_usd"] > 0
+    assert usage["prompt_tokens"] == entry["input_tokens"]
+    # Other profiles state no cost.
+    plain = _raw(fresh_sim, "openai", body)
+    assert b'"cost":' not in plain.content
+
+
+def test_openrouter_states_the_cost_of_a_message_and_a_response(fresh_sim: Sim) -> None:
+    """Anthropic's shape states it in message_delta (not message_start); the Responses
+    API in response.completed; whole answers in their usage."""
+    message = {**MESSAGE, "model": "claude-sonnet-4-5-20250929"}
+    streamed = _raw(fresh_sim, "openrouter", message)
+    entry = _billed(fresh_sim, streamed.headers["x-request-id"])
+    events = _data(streamed.content)
+    [start] = [e for e in events if e["type"] == "message_start"]
+    assert "cost" not in start["message"]["usage"]
+    [delta] = [e for e in events if e["type"] == "message_delta"]
+    assert delta["usage"]["cost"] == pytest.approx(entry["cost_usd"], abs=1e-12)
+    # claude-sonnet-4-5 (and its snapshots) at $3 / $15 per million tokens.
+    expected = (entry["input_tokens"] * 3 + entry["output_tokens"] * 15) / 1e6
+    assert entry["cost_usd"] == pytest.approx(expected, abs=1e-12)
+    whole = httpx.post(
+        fresh_sim.url + "/v1/messages",
+        json={**message, "stream": False},
+        headers={"X-Sim-Wire": "openrouter"},
+        timeout=30,
+    )
+    billed = _billed(fresh_sim, whole.headers["request-id"])
+    assert whole.json()["usage"]["cost"] == pytest.approx(billed["cost_usd"], abs=1e-12)
+    for stream in (True, False):
+        response = httpx.post(
+            fresh_sim.url + "/v1/responses",
+            json={"model": "gpt-4o-mini", "input": "hello", "stream": stream},
+            headers={"X-Sim-Wire": "openrouter", "X-Sim-Token-Ms": "0"},
+            timeout=30,
+        )
+        billed = _billed(fresh_sim, response.headers["x-request-id"])
+        if stream:
+            [done] = [e for e in _data(response.content) if e["type"] == "response.completed"]
+            usage = done["response"]["usage"]
+        else:
+            usage = response.json()["usage"]
+        assert usage["cost"] == pytest.approx(billed["cost_usd"], abs=1e-12)
+
+
 def test_sse_starlette_frames_with_crlf_pings_and_sends_no_usage_or_request_id(
     fresh_sim: Sim,
 ) -> None:

@@ -24,7 +24,7 @@ from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.runs import RunTable
 from payonce.gateway.sse import ask_for_usage, is_event_stream, not_asked_for_usage
 from payonce.gateway.upstream import Upstream, UpstreamResponse
-from payonce.observe.pricing import priced
+from payonce.observe.pricing import priced_call
 from payonce.observe.usage import model_usage_and_id
 from payonce.store import StoredResponse
 
@@ -233,7 +233,7 @@ async def _settle(
     facts = execution.facts
     facts.model, facts.usage, body_id = model_usage_and_id(outcome.body, outcome.headers)
     facts.request_id = facts.request_id or body_id
-    facts.cost_usd, facts.price_source = priced(facts.model, facts.usage)
+    facts.cost_usd, facts.price_source, facts.list_cost_usd = priced_call(facts.model, facts.usage)
     if max_stored_body is not None and len(outcome.body) > max_stored_body:
         # Relayed to its clients, but the key is given up: a retry runs again.
         facts.not_stored = "too_large"

@@ -219,6 +219,7 @@ class Observer:
                 add(self.metrics.saved_cost_of(facts.model), facts.cost_usd)
         else:
             record.cost_usd = facts.cost_usd
+            record.list_cost_usd = facts.list_cost_usd
             record.upstream_attempts = facts.attempts
             record.upstream_latency = facts.latency
             record.upstream_cancelled = facts.cancelled

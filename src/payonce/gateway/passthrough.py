@@ -25,7 +25,7 @@ from payonce.gateway.sse import StreamId, is_event_stream
 from payonce.gateway.upstream import OpenResponse, Upstream, UpstreamResponse
 from payonce.observe.calllog import CallRecord
 from payonce.observe.metrics import Metrics
-from payonce.observe.pricing import priced
+from payonce.observe.pricing import priced_call
 from payonce.observe.usage import model_usage_and_id
 
 __all__ = ["VIA", "PassThrough"]
@@ -136,7 +136,9 @@ class PassThrough:
                 body = await response.read()
                 facts.model, facts.usage, body_id = model_usage_and_id(body, response.headers)
                 facts.request_id = facts.request_id or body_id
-                facts.cost_usd, facts.price_source = priced(facts.model, facts.usage)
+                facts.cost_usd, facts.price_source, facts.list_cost_usd = priced_call(
+                    facts.model, facts.usage
+                )
                 raw = response.raw_headers
                 whole = UpstreamResponse(response.status, response.headers, body, raw)
                 await send_whole(send, whole, VIA)

@@ -29,7 +29,7 @@ from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
-from payonce.observe.pricing import priced
+from payonce.observe.pricing import priced_call
 from payonce.store import StoredResponse
 
 __all__ = [
@@ -347,7 +347,7 @@ async def _relay_and_settle(
         facts.not_stored = "store_unavailable"
     on_last_event()
     facts.model, facts.usage = usage.model, usage.usage
-    facts.cost_usd, facts.price_source = priced(usage.model, usage.usage)
+    facts.cost_usd, facts.price_source, facts.list_cost_usd = priced_call(usage.model, usage.usage)
     try:
         if not recorder.ok or facts.not_stored == "upstream_error":
             # An error event on a 200 (Anthropic's overloaded_error, OpenRouter's

@@ -100,9 +100,13 @@ class CallRecord:
     # Who priced cost_usd (or saved_usd): "provider" (the response's own cost, e.g.
     # OpenRouter's usage.cost), "prices-file" (--prices) or "genai-prices"; None: unpriced.
     price_source: str | None = None
+    # The list price of the call (--prices, genai-prices) when the provider stated
+    # its cost (price_source "provider"), so both can be compared; None otherwise.
+    list_cost_usd: float | None = None
     # The API the request calls (observe/scenarios.py ENDPOINTS) and the business
-    # scenario it names, exactly as sent; scenario_label is its metrics label.
-    endpoint: str = "other"
+    # scenario it names, exactly as sent; scenario_label is its metrics label. None:
+    # the gateway's own path (/_payonce/...), no provider API (metrics: "other").
+    endpoint: str | None = "other"
     scenario: str | None = None
     scenario_label: str = "none"
     upstream_latency: float | None = None
@@ -170,6 +174,7 @@ class CallRecord:
                 "reasoning_tokens": reasoning,
                 "usage_missing_reason": self.usage_missing_reason,
                 "cost_usd": self.cost_usd,
+                "list_cost_usd": self.list_cost_usd,
                 "saved_usd": self.saved_usd,
                 "price_source": self.price_source,
                 # round(x * 1000, 3) is slower than all the rest of a field: integers.

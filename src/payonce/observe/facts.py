@@ -24,6 +24,8 @@ class UpstreamFacts:
     cost_usd: float | None = None
     # Who priced cost_usd: "provider", "prices-file" or "genai-prices" (observe/pricing.py).
     price_source: str | None = None
+    # The list price of the call when the provider stated cost_usd ("provider"), else None.
+    list_cost_usd: float | None = None
     latency: float | None = None
     attempts: int = 0
     stream: bool = False

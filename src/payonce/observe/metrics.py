@@ -240,7 +240,7 @@ class Metrics:
         )
         # (endpoint, scenario label) -> its (requests, cost, duplicates, unprotected)
         # children, every one created at 0 (see below).
-        self._by_scenario: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {
+        self._by_scenario: dict[tuple[str | None, str], tuple[Any, Any, Any, Any]] = {
             (endpoint, label): (
                 self.scenario_requests.labels(endpoint, label),
                 self.scenario_cost.labels(endpoint, label),
@@ -305,10 +305,20 @@ class Metrics:
             self._scraped = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._scraped, path=shared)  # type: ignore[no-untyped-call]
 
-    def _scenario_children(self, key: tuple[str, str]) -> tuple[Any, Any, Any, Any]:
-        """The children of a label pair not made at start (a record from elsewhere): other."""
-        endpoint, _ = key
-        return self._by_scenario.get((endpoint, "other")) or self._by_scenario[("other", "other")]
+    def _scenario_children(self, key: tuple[str | None, str]) -> tuple[Any, Any, Any, Any]:
+        """The children of a label pair not made at start (a record from elsewhere): other.
+
+        A request to the gateway's own paths names no endpoint (None): labelled ``other``.
+        """
+        endpoint, label = key
+        if endpoint is None:
+            found = self._by_scenario.get(("other", label))
+            if found is not None:
+                return found
+        return (
+            self._by_scenario.get((endpoint or "other", "other"))
+            or self._by_scenario[("other", "other")]
+        )
 
     def observe_gc_pause(self, seconds: float) -> None:
         """One collection's pause (``payonce_gc_pause_seconds``)."""

@@ -33,9 +33,11 @@ __all__ = [
     "ModelPrice",
     "cost_of",
     "install_prices",
+    "list_priced",
     "load_prices",
     "price_of",
     "priced",
+    "priced_call",
     "priced_name",
 ]
 
@@ -289,7 +291,28 @@ def priced(model: str | None, usage: Mapping[str, int] | None) -> tuple[float | 
     stated = usage.get(PROVIDER_COST)
     if stated is not None:
         return stated / 1e9, "provider"
-    if model is None:
+    return list_priced(model, usage)
+
+
+def priced_call(
+    model: str | None, usage: Mapping[str, int] | None
+) -> tuple[float | None, str | None, float | None]:
+    """:func:`priced`, and the list price beside a cost the provider stated (else ``None``).
+
+    The list price (``--prices``, genai-prices) of a call the provider priced is
+    kept so the two can be compared (the call log's ``list_cost_usd``).
+    """
+    cost, source = priced(model, usage)
+    if source != "provider":
+        return cost, source, None
+    return cost, source, list_priced(model, usage)[0]
+
+
+def list_priced(
+    model: str | None, usage: Mapping[str, int] | None
+) -> tuple[float | None, str | None]:
+    """USD for one call at the model's list price (whatever the response stated), and its source."""
+    if model is None or usage is None:
         return None, None
     price = price_of(model)
     if price is None:

@@ -36,12 +36,15 @@ _ENDINGS = (
 )
 
 
-def endpoint_of(path: str) -> str:
+def endpoint_of(path: str) -> str | None:
     """The API a request path calls: ``/v1/chat/completions`` is ``chat``, ... else ``other``.
 
     ``/v1/responses/{id}`` (a stored response) is ``responses`` too; a query
-    string is not part of an ASGI path.
+    string is not part of an ASGI path. The gateway's own paths (``/_payonce/...``:
+    an answer fetched after a timed-out attempt) call no provider API: ``None``.
     """
+    if path.startswith("/_payonce/"):
+        return None
     path = path.rstrip("/")
     for ending, endpoint in _ENDINGS:
         if path.endswith(ending):

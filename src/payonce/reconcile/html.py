@@ -10,7 +10,7 @@ import datetime as dt
 from html import escape
 
 from payonce.reconcile.charts import Series, horizontal_bars, line_chart, stacked_bars
-from payonce.reconcile.report import Alert, Figures, Report, Slice
+from payonce.reconcile.report import Alert, Figures, Report, Slice, StatedCosts
 from payonce.reconcile.terminal import percent, usd
 
 __all__ = ["render_html"]
@@ -88,6 +88,41 @@ def card(title: str, value: str, note: str, *, bad: bool = False) -> str:
         f'<div class="card{" bad" if bad else ""}"><div class="k">{escape(title)}</div>'
         f'<div class="v">{escape(value)}</div><div class="k">{escape(note)}</div></div>'
     )
+
+
+def _column_note(column: str | None) -> str:
+    if column is None:
+        return ""
+    return f"<p class='muted'>From the call log's <code>{escape(column)}</code>.</p>"
+
+
+def _stated_costs(stated: StatedCosts) -> str:
+    """The calls the provider priced itself, beside their list price."""
+    unlisted = stated.calls - stated.calls_with_list_price
+    note = (
+        f" {unlisted:,} of them have no list price and are left out of the comparison."
+        if unlisted
+        else ""
+    )
+    return (
+        "<h2>Stated costs</h2><p class='muted'>Calls priced by the cost the provider"
+        " stated in its response (OpenRouter's <code>usage.cost</code>), and the same"
+        f" calls at their list price (<code>--prices</code>, genai-prices).{note}</p>"
+        + table(
+            ["calls", "stated", "with a list price", "their stated cost", "list price",
+             "stated - list"],
+            [
+                [
+                    f"{stated.calls:,}",
+                    _usd(stated.stated_cost_usd),
+                    f"{stated.calls_with_list_price:,}",
+                    _usd(stated.compared_stated_cost_usd),
+                    _usd(stated.list_cost_usd),
+                    _usd(stated.difference_usd),
+                ]
+            ],
+        )
+    )  # fmt: skip
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -265,9 +300,16 @@ def render_html(
         f"<h2>By model</h2>{_breakdown('model', report.by_model)}",
     ]
     if len(report.by_endpoint) > 1:
-        sections.append(f"<h2>By endpoint</h2>{_breakdown('endpoint', report.by_endpoint)}")
+        sections.append(
+            f"<h2>By endpoint</h2>{_column_note(report.endpoint_column)}"
+            f"{_breakdown('endpoint', report.by_endpoint)}"
+        )
     if any(item.key is not None for item in report.by_tag):
-        sections.append(f"<h2>By tag</h2>{_breakdown('tag', report.by_tag)}")
+        sections.append(
+            f"<h2>By tag</h2>{_column_note(report.tag_column)}{_breakdown('tag', report.by_tag)}"
+        )
+    if report.stated_costs.calls:
+        sections.append(_stated_costs(report.stated_costs))
     if report.daily:
         sections.append(f"<h2>Daily</h2>{_breakdown('day (UTC)', report.daily)}")
     outliers = report.outliers

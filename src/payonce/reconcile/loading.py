@@ -56,7 +56,7 @@ CREATE TABLE calls (
     success BOOLEAN, unkeyed_retry BOOLEAN, ts TIMESTAMPTZ, reason VARCHAR,
     outcome VARCHAR, upstream_status BIGINT, upstream_attempts BIGINT,
     upstream_cancelled BOOLEAN, input_tokens BIGINT, output_tokens BIGINT,
-    cost_usd {MONEY});
+    cost_usd {MONEY}, price_source VARCHAR, list_cost_usd {MONEY});
 -- No figure uses the token counts, but reading them checks them (a row with a bad
 -- one is malformed) and makes DuckDB check every row's column count.
 CREATE TABLE bill (
@@ -519,6 +519,7 @@ def _normalize(
         f"{retry} AS unkeyed_retry",
     ]
     columns += [f"{plain(name)} AS {name}" for name in _UPSTREAM_FIELDS]
+    columns.append(f"{text('price_source')} AS price_source")
     # A call's request id is only ever joined on, so only its hash is kept.
     return _hashed(f"SELECT {', '.join(columns)} FROM ({relation})", "kp", "kb", drop="kp")
 
@@ -542,6 +543,7 @@ _UPSTREAM_FIELDS = (
     "input_tokens",
     "output_tokens",
     "cost_usd",
+    "list_cost_usd",
 )
 
 

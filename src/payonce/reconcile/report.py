@@ -44,6 +44,7 @@ __all__ = [
     "Outliers",
     "Report",
     "Slice",
+    "StatedCosts",
     "money",
 ]
 
@@ -230,6 +231,38 @@ class InputSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class StatedCosts:
+    """Calls priced by the cost the provider stated, and the same calls at list price.
+
+    ``difference_usd`` is stated minus list over the calls that have both (a model
+    without a list price is left out of the comparison, never counted as free).
+    """
+
+    calls: int = 0
+    stated_cost_usd: Decimal = Decimal(0)
+    calls_with_list_price: int = 0
+    compared_stated_cost_usd: Decimal = Decimal(0)
+    list_cost_usd: Decimal = Decimal(0)
+
+    @property
+    def difference_usd(self) -> Decimal:
+        return self.compared_stated_cost_usd - self.list_cost_usd
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "definition": "calls priced by the cost the provider stated (price_source"
+            " provider), and the same calls at their list price (list_cost_usd);"
+            " difference = stated - list over the calls that have both",
+            "calls": self.calls,
+            "stated_cost_usd": money(self.stated_cost_usd),
+            "calls_with_list_price": self.calls_with_list_price,
+            "compared_stated_cost_usd": money(self.compared_stated_cost_usd),
+            "list_cost_usd": money(self.list_cost_usd),
+            "difference_usd": money(self.difference_usd),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Alert:
     """A threshold the figures went past."""
 
@@ -271,6 +304,10 @@ class Report:
     period_start: dt.datetime | None
     period_end: dt.datetime | None
     truncated: dict[str, int]
+    # The call-log columns the tag and endpoint breakdowns were read from (None: none).
+    tag_column: str | None = None
+    endpoint_column: str | None = None
+    stated_costs: StatedCosts = StatedCosts()
 
     @property
     def spans_days(self) -> bool:
@@ -289,6 +326,9 @@ class Report:
             "by_model": {s.label: s.figures.as_json() for s in self.by_model},
             "by_endpoint": {s.label: s.figures.as_json() for s in self.by_endpoint},
             "by_tag": {s.label: s.figures.as_json() for s in self.by_tag},
+            "tag_column": self.tag_column,
+            "endpoint_column": self.endpoint_column,
+            "stated_costs": self.stated_costs.as_json(),
             "breakdowns_truncated": self.truncated,
             "daily": [{"date": s.label, **s.figures.as_json()} for s in self.daily],
             "outliers": self.outliers.as_json(),

@@ -16,16 +16,38 @@ from payonce.reconcile.exports import (
     load_export,
 )
 from payonce.reconcile.keymap import KeyMap
-from payonce.reconcile.loading import LoadedSource, create_tables, load_source, resolve_columns
+from payonce.reconcile.loading import (
+    LoadedSource,
+    Source,
+    create_tables,
+    load_source,
+    resolve_columns,
+)
 from payonce.reconcile.report import InputSummary, Report
-from payonce.reconcile.schema import CALL_FIELDS, REQUEST_JOIN_CALL_FIELDS, Side
-from payonce.reconcile.sniff import detect_format, read_head, sniff
+from payonce.reconcile.schema import (
+    CALL_FIELDS,
+    PAYONCE,
+    REQUEST_JOIN_CALL_FIELDS,
+    STATED_COST_CALL_FIELDS,
+    Side,
+    SourceFormat,
+)
+from payonce.reconcile.sniff import Sniffed, detect_format, read_head, sniff
+from payonce.reconcile.stated import stated_costs
 from payonce.reconcile.usage_analysis import analyse_usage, load_calls, prepare_usage
 from payonce.reconcile.usage_report import UsageReport
 
 __all__ = ["ReconcileOptions", "reconcile", "reconcile_usage"]
 
-USAGE_CALL_FIELDS = frozenset(CALL_FIELDS) - {"provider_request_id"}
+USAGE_CALL_FIELDS = frozenset(CALL_FIELDS) - {
+    "provider_request_id",
+    "price_source",
+    "list_cost_usd",
+}
+# The payonce call log's columns of a request's business scenario and endpoint, read as
+# the tag and the endpoint by default when its head has them (docs/reconcile.md).
+_SCENARIO_COLUMN = "scenario"
+_ENDPOINT_COLUMN = "endpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +108,27 @@ def reconcile(
     # Every file is sniffed and checked before anything is loaded, so a missing
     # column in the last file fails in a moment, not after minutes of reading.
     sides = [(path, Side.CALLS) for path in calls] + [(path, Side.BILL) for path in bills]
-    sources = []
-    for index, (path, side) in enumerate(sides):
+    sniffed_sides = []
+    for path, side in sides:
         sniffed = sniff(path)
         forced = options.calls_format if side is Side.CALLS else options.bill_format
-        fmt = detect_format(sniffed, side, forced)
-        overrides = options.calls_map if side is Side.CALLS else options.bill_map
-        wanted = REQUEST_JOIN_CALL_FIELDS if side is Side.CALLS else None
+        sniffed_sides.append((sniffed, side, detect_format(sniffed, side, forced)))
+    defaults = _call_log_defaults(
+        [(sniffed, fmt) for sniffed, side, fmt in sniffed_sides if side is Side.CALLS],
+        options.calls_map,
+    )
+    sources = []
+    for index, (sniffed, side, fmt) in enumerate(sniffed_sides):
+        wanted: frozenset[str] | None = None
+        if side is Side.CALLS:
+            overrides = options.calls_map
+            wanted = REQUEST_JOIN_CALL_FIELDS
+            if fmt is PAYONCE:
+                fmt = fmt.with_defaults(defaults)
+            if "list_cost_usd" in sniffed.columns:
+                wanted |= STATED_COST_CALL_FIELDS
+        else:
+            overrides = options.bill_map
         sources.append(resolve_columns(index, sniffed, side, fmt.with_map(overrides), wanted))
 
     engine = Engine(options.engine, progress)
@@ -100,10 +136,15 @@ def reconcile(
         create_tables(engine)
         loaded: list[LoadedSource] = [load_source(engine, source) for source in sources]
         files = {source.index: source.label for source in sources}
+        stated = stated_costs(engine)
         result = analyse(engine, files, options.analysis)
     finally:
         engine.close()
+    call_sources = [source for source in sources if source.side is Side.CALLS]
     return Report(
+        tag_column=_column_of("tag", call_sources),
+        endpoint_column=_column_of("endpoint", call_sources),
+        stated_costs=stated,
         totals=result.totals,
         by_model=result.breakdowns["model"],
         by_endpoint=result.breakdowns["endpoint"],
@@ -120,6 +161,30 @@ def reconcile(
         period_end=result.period[1],
         truncated=dict(result.truncated),
     )
+
+
+def _call_log_defaults(
+    calls: Sequence[tuple[Sniffed, SourceFormat]], calls_map: Mapping[str, str]
+) -> dict[str, str]:
+    """The payonce call log's scenario and endpoint as the tag and the endpoint.
+
+    Read from the first lines of each call log (:func:`sniff`): the scenario when one
+    of them names one, the endpoint when the field is there (the gateway writes both
+    since issue 34; older lines have neither). A ``--calls-map`` of the field wins.
+    """
+    logs = [sniffed for sniffed, fmt in calls if fmt is PAYONCE]
+    defaults: dict[str, str] = {}
+    if "tag" not in calls_map and any(_SCENARIO_COLUMN in log.filled for log in logs):
+        defaults["tag"] = _SCENARIO_COLUMN
+    if "endpoint" not in calls_map and any(_ENDPOINT_COLUMN in log.columns for log in logs):
+        defaults["endpoint"] = _ENDPOINT_COLUMN
+    return defaults
+
+
+def _column_of(name: str, sources: Sequence[Source]) -> str | None:
+    """The call-log column ``name`` was read from (several: each, comma-separated)."""
+    columns = dict.fromkeys(source.columns[name] for source in sources if name in source.columns)
+    return ", ".join(columns) or None
 
 
 def _summary(item: LoadedSource) -> InputSummary:

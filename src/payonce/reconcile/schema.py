@@ -26,7 +26,9 @@ __all__ = [
     "BILL_FIELDS",
     "CALL_FIELDS",
     "FORMATS",
+    "PAYONCE",
     "REQUEST_JOIN_CALL_FIELDS",
+    "STATED_COST_CALL_FIELDS",
     "FieldKind",
     "Side",
     "SourceFormat",
@@ -72,6 +74,10 @@ CALL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
         "input_tokens": FieldKind.COUNT,
         "output_tokens": FieldKind.COUNT,
         "cost_usd": FieldKind.AMOUNT,
+        # Who priced cost_usd ("provider": the response stated it) and the list price
+        # beside a stated cost (the payonce call log's list_cost_usd): stated_costs.
+        "price_source": FieldKind.TEXT,
+        "list_cost_usd": FieldKind.AMOUNT,
     }
 )
 
@@ -79,6 +85,8 @@ CALL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
 REQUEST_JOIN_CALL_FIELDS = frozenset(
     ("business_id", "provider_request_id", "model", "endpoint", "tag", "status", "ts")
 )
+# Read besides them from a call log that states list prices (stated_costs).
+STATED_COST_CALL_FIELDS = frozenset(("outcome", "cost_usd", "price_source", "list_cost_usd"))
 
 BILL_FIELDS: Mapping[str, FieldKind] = MappingProxyType(
     {
@@ -125,6 +133,12 @@ class SourceFormat:
     priced: bool = False
     unbilled_flag: str | None = None
     part_column: str | None = None
+
+    def with_defaults(self, columns: Mapping[str, str]) -> SourceFormat:
+        """This format reading some optional fields from other columns, when present."""
+        if not columns:
+            return self
+        return replace(self, columns=MappingProxyType({**self.columns, **columns}))
 
     def with_map(self, overrides: Mapping[str, str]) -> SourceFormat:
         """This format with some fields read from other columns (``--calls-map``)."""
@@ -185,6 +199,8 @@ PAYONCE = _fmt(
         "input_tokens": "input_tokens",
         "output_tokens": "output_tokens",
         "cost_usd": "cost_usd",
+        "price_source": "price_source",
+        "list_cost_usd": "list_cost_usd",
     },
     {"provider_request_id", "business_id"},
     signature={"v", "outcome", "upstream_request_id"},
@@ -200,7 +216,7 @@ GENERIC_CALLS = _fmt(
     {"business_id", "provider_request_id"},
     description="generic calls: business_id, provider_request_id"
     "[, model, endpoint, tag, status, ts, outcome, upstream_status, upstream_attempts,"
-    " upstream_cancelled, input_tokens, output_tokens, cost_usd]",
+    " upstream_cancelled, input_tokens, output_tokens, cost_usd, price_source, list_cost_usd]",
 )
 
 LEDGER = _fmt(

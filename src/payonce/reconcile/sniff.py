@@ -51,6 +51,8 @@ class Sniffed:
     delimiter: str = ","
     enveloped: bool = False  # each record is {"data": {...}} (one API response per record)
     stamped: bool = False  # each line is "<ISO timestamp> {...}" (a CloudWatch Logs export)
+    # JSON: the keys some sampled record gives a value (not null, not ""); CSV: none known.
+    filled: frozenset[str] = frozenset()
 
 
 # A CloudWatch Logs export task writes each event as its timestamp, a space, the message.
@@ -97,6 +99,14 @@ def _json_keys(records: list[object]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _filled(records: list[object]) -> frozenset[str]:
+    keys: set[str] = set()
+    for record in records:
+        if isinstance(record, dict):
+            keys.update(key for key, value in record.items() if value is not None and value != "")
+    return frozenset(keys)
+
+
 def _unwrapped(records: list[object]) -> list[object] | None:
     """The inner records when every record is an API response ``{"data": {...}}``."""
     dicts = [record for record in records if isinstance(record, dict)]
@@ -114,8 +124,9 @@ def sniff(path: Path) -> Sniffed:
     first = lines[0].lstrip()
     if _STAMP.match(first):
         stamped = [line[line.index("{") :] for line in lines[:_SAMPLE_LINES] if "{" in line]
-        keys = _json_keys([_loaded(line) for line in stamped])
-        return Sniffed(path, Container.JSONL, zipped, keys, stamped=True)
+        loaded = [_loaded(line) for line in stamped]
+        keys = _json_keys(loaded)
+        return Sniffed(path, Container.JSONL, zipped, keys, stamped=True, filled=_filled(loaded))
     if first.startswith("["):
         return _document(path, zipped, head)
     if first.startswith("{"):
@@ -133,8 +144,15 @@ def sniff(path: Path) -> Sniffed:
         ]
         inner = _unwrapped(records)
         if inner is not None:
-            return Sniffed(path, Container.JSONL, zipped, _json_keys(inner), enveloped=True)
-        return Sniffed(path, Container.JSONL, zipped, _json_keys(records))
+            return Sniffed(
+                path,
+                Container.JSONL,
+                zipped,
+                _json_keys(inner),
+                enveloped=True,
+                filled=_filled(inner),
+            )
+        return Sniffed(path, Container.JSONL, zipped, _json_keys(records), filled=_filled(records))
     delimiter = _delimiter(lines[0])
     header = next(csv.reader(io.StringIO(lines[0]), delimiter=delimiter))
     return Sniffed(path, Container.CSV, zipped, tuple(name.strip() for name in header), delimiter)
@@ -144,8 +162,10 @@ def _document(path: Path, zipped: bool, head: bytes) -> Sniffed:
     records = _json_document_records(head)
     inner = _unwrapped(records)
     if inner is not None:
-        return Sniffed(path, Container.JSON, zipped, _json_keys(inner), enveloped=True)
-    return Sniffed(path, Container.JSON, zipped, _json_keys(records))
+        return Sniffed(
+            path, Container.JSON, zipped, _json_keys(inner), enveloped=True, filled=_filled(inner)
+        )
+    return Sniffed(path, Container.JSON, zipped, _json_keys(records), filled=_filled(records))
 
 
 def _loaded(line: str) -> object:

@@ -148,6 +148,15 @@ def render(console: Console, report: Report, alerts: tuple[Alert, ...], *, limit
         console.print(_breakdown("By endpoint", "endpoint", report.by_endpoint))
     if any(item.key is not None for item in report.by_tag):
         console.print(_breakdown("By tag", "tag", report.by_tag))
+    stated = report.stated_costs
+    if stated.calls:
+        console.print(
+            f"Stated costs: {stated.calls:,} calls priced by the provider's own cost,"
+            f" {usd(_float(stated.stated_cost_usd))}; the {stated.calls_with_list_price:,}"
+            f" with a list price: {usd(_float(stated.compared_stated_cost_usd))} stated,"
+            f" {usd(_float(stated.list_cost_usd))} listed"
+            f" (difference {usd(_float(stated.difference_usd))})"
+        )
     if report.spans_days:
         console.print(_breakdown("Daily", "day (UTC)", report.daily))
     if report.outliers.count:

@@ -43,6 +43,7 @@ PRICES: dict[str, Price] = {
     "claude-3-5-haiku-latest": Price(0.80, 4.00),
     "claude-sonnet-4-0": Price(3.00, 15.00),
     "claude-sonnet-4-20250514": Price(3.00, 15.00),
+    "claude-sonnet-4-5": Price(3.00, 15.00),  # and its snapshots (claude-sonnet-4-5-20250929)
     "claude-opus-4-0": Price(15.00, 75.00),
 }
 

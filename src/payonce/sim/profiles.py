@@ -20,7 +20,9 @@ The profiles (sources in docs/sim.md):
 ``openrouter``     ``: OPENROUTER PROCESSING`` before the first token (and as the
                    keep-alive); a stream that dies sends a chunk with an ``error``
                    object and ``finish_reason: "error"`` and ends cleanly;
-                   ``x-generation-id``.
+                   ``x-generation-id``; the usage it reports (a stream's final
+                   usage, a whole answer's) states the call's own cost in USD,
+                   ``usage.cost``, what the ledger bills for it.
 ``sse-starlette``  llama.cpp's Python server and others built on sse-starlette: CRLF
                    line endings, ``: ping - <UTC time>`` comments, no usage chunk,
                    no request-id header (the body's id is the join key).
@@ -56,7 +58,7 @@ import orjson
 
 from payonce.errors import ConfigError
 
-__all__ = ["PROFILES", "WIRE_HEADER", "Profile", "Wire", "parse_wire"]
+__all__ = ["PROFILES", "WIRE_HEADER", "Profile", "Wire", "parse_wire", "with_cost"]
 
 WIRE_HEADER = "X-Sim-Wire"
 _FRAMINGS = {"content-length": "length", "close-delimited": "close"}
@@ -88,7 +90,8 @@ class Profile:
     whatever ``--keep-alive`` says. ``ping_every`` adds an Anthropic ``ping`` event
     after every that many deltas (0: none). ``death`` is what a stream that dies
     sends before it ends: ``"close"`` (the connection closes mid-body), ``"anthropic"``
-    (an ``event: error``) or ``"openrouter"`` (an error chunk).
+    (an ``event: error``) or ``"openrouter"`` (an error chunk). ``stated_cost``: its
+    usage says what the call cost (OpenRouter's ``usage.cost``).
     """
 
     name: str
@@ -101,6 +104,7 @@ class Profile:
     crlf: bool = False
     death: str = "close"
     headers: tuple[str, ...] = ()  # extra headers set to the request id
+    stated_cost: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -114,6 +118,7 @@ PROFILES: dict[str, Profile] = {
             comment_first=True,
             death="openrouter",
             headers=("x-generation-id",),
+            stated_cost=True,
         ),
         Profile(
             "sse-starlette",
@@ -167,13 +172,15 @@ class Wire:
             return framed
         return framed[:-2] if framed.endswith(b"\r\n\r\n") else framed[:-1]
 
-    def shape(self, event: bytes, request_id: str, index: int) -> bytes:
-        """A data event as this wire sends it (ids, usage), before framing."""
+    def shape(self, event: bytes, request_id: str, index: int, cost: float | None = None) -> bytes:
+        """A data event as this wire sends it (ids, usage, its cost), before framing."""
         if not self.profile.usage and b'"usage":{' in event and b'"choices":[]' in event:
             return b""  # the server sends no usage chunk
         if self.profile.distinct_ids:
             own = b'"id":"%s-%d"' % (request_id.encode(), index)
             event = event.replace(b'"id":%s' % orjson.dumps(request_id), own, 1)
+        if cost is not None and self.profile.stated_cost:
+            event = with_cost(event, cost)
         return event
 
     def pad(self, event: bytes) -> bytes:
@@ -210,6 +217,19 @@ class Wire:
 
 
 DEFAULT_WIRE = Wire()
+
+
+def with_cost(body: bytes, cost: float) -> bytes:
+    """``body``'s usage object with the call's own cost in it (``"usage":{"cost":...``).
+
+    For a stream, the event that carries its final usage: OpenAI's usage chunk, the
+    Responses API's ``response.completed``, Anthropic's ``message_delta`` (not
+    ``message_start``, whose usage is only the input so far). Other events and
+    bodies without a usage object are returned as they are.
+    """
+    if b'"usage":{' not in body or b'"message_start"' in body:
+        return body
+    return body.replace(b'"usage":{', b'"usage":{"cost":%s,' % orjson.dumps(cost), 1)
 
 
 def parse_wire(text: str, *, flag: str) -> Wire:

@@ -80,7 +80,7 @@ from payonce.sim.faults import RETRY_AFTER_SECONDS, RETRY_AFTER_STATUSES
 from payonce.sim.ledger import Ledger, LedgerEntry, credential_ids, credential_of
 from payonce.sim.overrides import Overrides
 from payonce.sim.pricing import cost_usd
-from payonce.sim.profiles import Wire
+from payonce.sim.profiles import Wire, with_cost
 from payonce.sim.prompts import (
     Ask,
     ResponsesAsk,
@@ -256,7 +256,11 @@ class Simulator:
             self.ledger.generating -= 1
         if self._drop(admitted.overrides):
             return drop_connection(request)
-        response = json_response(reply.body(now), 200, endpoint.api, request_id)
+        body = reply.body(now)
+        wire = admitted.overrides.wire or self._wire
+        if wire.profile.stated_cost:  # openrouter: the usage states the call's cost
+            body = with_cost(body, cost_usd(ask.model, ask.input_tokens, ask.output_tokens))
+        response = json_response(body, 200, endpoint.api, request_id)
         if admitted.overrides.no_request_id:
             hide_request_id(response)
         return response
@@ -385,6 +389,13 @@ class Simulator:
             await sender.start()
 
         shaped = not wire.plain
+        # The call's own cost, in the usage of a profile that states it (openrouter).
+        ask = admitted.ask
+        cost = (
+            cost_usd(ask.model, ask.input_tokens, ask.output_tokens)
+            if wire.profile.stated_cost
+            else None
+        )
         first_token = len(events.head) if events.tokens else -1
         pings = wire.profile.ping_every if endpoint.api is Api.ANTHROPIC else 0
         due = loop.time()
@@ -413,7 +424,9 @@ class Simulator:
                     return response
             event = events.event(index)
             if shaped:
-                event = _shaped(wire, event, request_id, index, index == first_token, index == last)
+                event = _shaped(
+                    wire, event, request_id, index, index == first_token, index == last, cost
+                )
             await sender.send(event)
             if pings and events.is_token(index) and (index - len(events.head) + 1) % pings == 0:
                 await sender.send(wire.frame(PING))
@@ -505,10 +518,16 @@ async def _pause(
 
 
 def _shaped(
-    wire: Wire, event: bytes, request_id: str, index: int, first: bool, last: bool
+    wire: Wire,
+    event: bytes,
+    request_id: str,
+    index: int,
+    first: bool,
+    last: bool,
+    cost: float | None = None,
 ) -> bytes:
     """One event as ``wire`` sends it (``b""``: not sent at all)."""
-    event = wire.shape(event, request_id, index)
+    event = wire.shape(event, request_id, index, cost)
     if not event:
         return event
     if first and wire.event_bytes:
