@@ -1,0 +1,103 @@
+"""The docs blocks the generic runner cannot run as they are, run here with what they
+need: a TLS gateway, a port already taken, an application for ``payonce run``."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.docs.blocks import block
+from tests.docs.runner import Workspace, loosely_in
+from tests.support.processes import Process, free_port, start_payonce
+from tests.support.tls import make_certificates
+
+APP = """
+import openai
+
+client = openai.OpenAI()  # OPENAI_BASE_URL: the gateway, set by payonce run
+answer = client.chat.completions.with_raw_response.create(
+    model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}]
+)
+print("key", answer.http_request.headers.get("Idempotency-Key"))
+print("url", client.base_url)
+"""
+
+
+def test_payonce_run_points_the_app_at_the_gateway(gateway: Process, workspace: Workspace) -> None:
+    (workspace.path / "app.py").write_text(APP)
+    first, second = block("payonce-run").splitlines()
+    # The first line as written, the gateway named by $PAYONCE_GATEWAY (its default
+    # is the documented http://127.0.0.1:8080); the second with the fixture's gateway
+    # for payonce.internal and this app for the gunicorn server nobody installed here.
+    second = second.replace("http://payonce.internal:8080", gateway.url)
+    second = second.replace("gunicorn app:server", "python app.py")
+    for line in (first, second):
+        done = subprocess.run(
+            ["bash", "-c", line],
+            cwd=workspace.path,
+            env=workspace.env(PAYONCE_GATEWAY=gateway.url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"url {gateway.url}/v1/" in done.stdout, done.stdout
+        key = done.stdout.split("key ", 1)[1].split()[0]
+        assert key != "None", done.stdout
+
+
+def test_the_port_in_use_message_is_the_one_the_page_shows(workspace: Workspace) -> None:
+    text = block("sim-port-in-use")
+    command, expected = text.split("\n", 1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            ["bash", "-c", f"{command[2:]} --port {free_port()} --sim-port {port}"],
+            cwd=workspace.path,
+            env=workspace.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert loosely_in(expected.replace(":8100", f":{port}"), done.stderr), done.stderr
+
+
+def test_the_tls_client_reaches_an_https_gateway(workspace: Workspace) -> None:
+    certificates = make_certificates(workspace.path / "root")
+    shutil.copy(certificates.ca, workspace.path / "ca.pem")
+    process = start_payonce(
+        [
+            *("serve", "--upstream", "sim", "--sim-port", str(free_port())),
+            *("--store", "memory://", "--tls-cert", str(certificates.cert)),
+            *("--tls-key", str(certificates.key)),
+        ],
+        log_dir=workspace.path,
+        ready_path="/_payonce/health",
+        tls=certificates.client_context(),
+    )
+    try:
+        code = block("tls-client").replace("https://gateway.internal:8443", process.url)
+        code += 'print(client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]).id)\n'
+        (workspace.path / "block.py").write_text(code)
+        done = subprocess.run(
+            [sys.executable, "block.py"],
+            cwd=workspace.path,
+            env=workspace.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        process.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip(), done.stderr
+
+
+def test_a_block_reads_the_checkout(workspace: Workspace) -> None:
+    assert Path(workspace.path / "deploy").resolve().is_dir()
