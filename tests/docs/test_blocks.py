@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import click
 import pytest
@@ -224,4 +223,3 @@ def test_block(found: Block, workspace: Workspace, request: pytest.FixtureReques
         run_figure(found)
     else:
         pytest.fail(f"{found.id}: no generic runner for {found.lang!r} blocks")
-

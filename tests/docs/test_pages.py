@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.docs.blocks import block
-from tests.docs.runner import Workspace, loosely_in
+from tests.docs.runner import Workspace, loosely_in, run_console
 from tests.support.processes import Process, free_port, start_payonce
 from tests.support.tls import make_certificates
 
@@ -101,3 +101,68 @@ def test_the_tls_client_reaches_an_https_gateway(workspace: Workspace) -> None:
 
 def test_a_block_reads_the_checkout(workspace: Workspace) -> None:
     assert Path(workspace.path / "deploy").resolve().is_dir()
+
+
+# The project docs/lint-rules.md lints first: a tenacity layer over the SDK's own
+# retries, a retrying nginx location, and 39 more files with nothing to report.
+SUMMARISE = '''"""Summaries of support tickets, keyed once per ticket."""
+
+from openai import OpenAI
+from tenacity import retry, stop_after_attempt
+
+MODEL = "gpt-4o-mini"
+PROMPT = "Summarise this support ticket in two sentences."
+
+
+def summarise(ticket_id, text):
+    return _summarise(text, key=f"summarise-{ticket_id}")
+
+
+# The SDK keeps its default retries (max_retries=2) under five tenacity
+# attempts: one key per ticket, but up to fifteen generations.
+client = OpenAI()
+
+
+def messages(text):
+    return [{"role": "system", "content": PROMPT}, {"role": "user", "content": text}]
+@retry(stop=stop_after_attempt(5))
+def _summarise(text, key):
+    return client.chat.completions.create(
+        model=MODEL, messages=messages(text), extra_headers={"Idempotency-Key": key}
+    )
+'''
+NGINX = """events {}
+
+http {
+    upstream openai_pool {
+        server api.openai.com:443;
+        server api.openai.com:443 backup;
+    }
+
+    server {
+        listen 8080;
+
+        location /healthz {
+            return 200;
+        }
+
+        location /v1/chat/completions {
+            proxy_pass https://openai_pool;
+            proxy_next_upstream error timeout non_idempotent;
+            proxy_read_timeout 120s;
+        }
+    }
+}
+"""
+
+
+def test_the_first_lint_example_is_what_payonce_lint_prints(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "src" / "summarise.py").write_text(SUMMARISE)
+    (tmp_path / "deploy" / "nginx.conf").write_text(NGINX)
+    for number in range(39):
+        (tmp_path / "src" / f"module_{number}.py").write_text(f"VALUE = {number}\n")
+    run_console(
+        block("lint-project"), Workspace(tmp_path, {"gateway": 0, "sim": 0, "prometheus": 0})
+    )
