@@ -1,8 +1,10 @@
 """The docs blocks the generic runner cannot run as they are, run here with what they
-need: a TLS gateway, a port already taken, an application for ``payonce run``."""
+need: a TLS gateway, a port already taken, an application for ``payonce run``, a
+project to lint, Redis over TLS, PostgreSQL, a call log and its bill."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -10,8 +12,11 @@ import sys
 from pathlib import Path
 
 from tests.docs.blocks import block
-from tests.docs.runner import Workspace, loosely_in, run_console
+from tests.docs.runner import Workspace, loosely_in, run_console, run_sh
+from tests.reconcile import data
+from tests.support.postgres import running_postgres
 from tests.support.processes import Process, free_port, start_payonce
+from tests.support.redis import running_redis
 from tests.support.tls import make_certificates
 
 APP = """
@@ -166,3 +171,32 @@ def test_the_first_lint_example_is_what_payonce_lint_prints(tmp_path: Path) -> N
     run_console(
         block("lint-project"), Workspace(tmp_path, {"gateway": 0, "sim": 0, "prometheus": 0})
     )
+
+
+def test_the_rediss_store_reaches_redis_over_tls(workspace: Workspace) -> None:
+    certificates = make_certificates(workspace.path / "certificates")
+    shutil.copy(certificates.ca, workspace.path / "root/etc/payonce/redis-ca.pem")
+    with running_redis(workspace.path, tls=certificates) as redis:
+        text = block("rediss-store").replace("redis.internal:6380", f"127.0.0.1:{redis.tls_port}")
+        # Ready means the store answered: over TLS, trusting only the CA the page names.
+        run_sh(text + "curl -sf http://127.0.0.1:8080/_payonce/health/ready\n", workspace)
+
+
+def test_the_daily_reconcile_reads_rotated_logs_and_a_bill(workspace: Workspace) -> None:
+    data.payonce_calls(workspace.path / "root/var/log/payonce")
+    data.ledger_csv(workspace.path)
+    done = run_sh(block("reconcile-daily"), workspace, check=False)
+    summary = json.loads((workspace.path / "summary.json").read_text())
+    assert (workspace.path / "report.html").read_text().lower().startswith("<!doctype html>")
+    # --max-duplicate-ratio 0.02: the test bill's duplicates are above it, and the
+    # command says so, with exit status 3 (an alert).
+    assert summary["duplicate_ratio"] > 0.02
+    assert done.returncode == 3, done.stderr
+    assert "ALERT: duplicate_ratio" in done.stdout + done.stderr
+
+
+def test_migrate_then_serve_without_migrating_on_postgresql(workspace: Workspace) -> None:
+    with running_postgres() as server:
+        text = block("postgres-migrate").replace("postgresql://payonce@db/payonce", server.url)
+        # Ready means the store answered: the schema migrate made is the one serve expects.
+        run_sh(text + "curl -sf http://127.0.0.1:8080/_payonce/health/ready\n", workspace)
