@@ -16,7 +16,7 @@ import yaml
 from payonce.cli import cli
 from payonce.config import load_toml
 from payonce.observe.pricing import load_prices
-from tests.docs.blocks import ROOT, Block, all_blocks, named_blocks
+from tests.docs.blocks import ROOT, Block, all_blocks
 from tests.docs.runner import (
     Workspace,
     loosely_in,
@@ -65,28 +65,61 @@ def _lint_rule(found: Block) -> str | None:
 # ------------------------------------------------------------------ every block accounted for
 
 
+def unaccounted(blocks: list[Block]) -> list[str]:
+    """What is wrong with these blocks' markers; [] when every block is run."""
+    problems = []
+    named: dict[str, Block] = {}
+    for found in blocks:
+        if found.named is None:
+            continue
+        _kind, path, name = found.named
+        if name in named:
+            problems.append(f"{found.id}: a second block named {name}")
+        named[name] = found
+        test = ROOT / path
+        if not test.is_file():
+            problems.append(f"{found.id}: {path} does not exist")
+            continue
+        source = test.read_text()
+        reads = ("block(", "recipe(") if found.page == "recipes.md" else ("block(",)
+        if f'"{name}"' not in source:
+            problems.append(f"{found.id}: {path} never names {name}")
+        elif not any(call in source for call in reads):
+            problems.append(f"{found.id}: {path} reads no docs block")
+    generic = [found for found in blocks if found.named is None and found.marker(OUTPUT) is None]
+    for index, found in enumerate(blocks):
+        if found.marker(OUTPUT) is not None:
+            before = blocks[index - 1] if index else None
+            if before is None or before.page != found.page or before not in generic:
+                problems.append(f"{found.id}: the block above it is not run by the generic runner")
+    for found in generic:
+        if not (_lint_rule(found) or found.lang in RUNNERS):
+            problems.append(f"{found.id}: a {found.lang or 'plain'} block without a runner")
+    return problems
+
+
 def test_every_block_is_run_by_the_generic_runner_or_by_the_test_its_marker_names() -> None:
     blocks = all_blocks()
     assert len(blocks) > 60, "the docs pages were not found"
-    named = named_blocks()
-    for name, found in named.items():
-        assert found.named is not None
-        test = ROOT / found.named[1]
-        assert test.is_file(), f"{found.id}: {found.named[1]} does not exist"
-        source = test.read_text()
-        assert f'"{name}"' in source, f"{found.id}: {found.named[1]} never names {name}"
-        reads = ("block(", "recipe(") if found.page == "recipes.md" else ("block(",)
-        assert any(call in source for call in reads), f"{found.named[1]} reads no docs block"
-    for found in blocks:
-        if found.marker(OUTPUT) is not None:
-            before = [o for o in blocks if o.page == found.page and o.line < found.line][-1]
-            assert before.lang in {"sh", "python"} and before in _generic(), (
-                f"{found.id}: the block above it is not one the generic runner runs"
-            )
-    for found in _generic():
-        assert _lint_rule(found) or found.lang in RUNNERS, (
-            f"{found.id}: a {found.lang or 'plain'} block has no marker and no generic runner"
-        )
+    assert unaccounted(blocks) == []
+
+
+def test_the_check_catches_an_unrun_block_and_a_test_that_never_reads_it() -> None:
+    def fake(lang: str, *markers: str, line: int = 1) -> Block:
+        return Block("fake.md", line, lang, "x\n", markers, "")
+
+    this = "tests/docs/test_blocks.py"
+    assert unaccounted([fake("python"), fake("toml", line=5)]) == []
+    assert unaccounted([fake("ruby")]) == ["fake.md:1: a ruby block without a runner"]
+    assert unaccounted([fake("sh", f"run by {this}: never-named")]) == [
+        f"fake.md:1: {this} never names never-named"
+    ]
+    assert unaccounted([fake("sh", "run by tests/nowhere.py: x")]) == [
+        "fake.md:1: tests/nowhere.py does not exist"
+    ]
+    assert unaccounted([fake("text", OUTPUT)]) == [
+        "fake.md:1: the block above it is not run by the generic runner"
+    ]
 
 
 def test_the_loose_comparison_keeps_the_order_and_skips_the_dots() -> None:
