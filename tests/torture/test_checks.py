@@ -293,6 +293,25 @@ def test_a_different_body_after_the_record_expired_is_a_new_request() -> None:
     assert KEY_REUSE in _names(history)
 
 
+def test_a_call_held_by_two_stops_back_to_back_may_arrive_after_the_record_expired() -> None:
+    # Found by a PostgreSQL run (seed 2128899638): the different body was sent during
+    # one stop of its gateway and waited through the next, which began after it was
+    # sent; it reached the gateway after the first answer's record had expired.
+    first = _seen(0, _stream("g1"))
+    other = _seen(1, _stream("g2"), mismatch=True)
+    first.sent_at, other.sent_at = 1000.0, 1003.0
+    stops = [
+        Played(Fault(0, 0.5, "stop", 1.1, target=0), 0.5, 1.6),
+        Played(Fault(1, 1.6, "stop", 2.0, target=0), 1.65, 3.7),
+    ]
+    ledger = [_billed("g1", 1001), _billed("g2", 1006.3)]
+    history = _history([first, other], [], ledger=ledger, played=stops)
+    history.ttl = 4.0
+    assert KEY_REUSE not in _names(history)
+    history.played = stops[:1]  # the first stop alone: it reached the gateway at 1004.1
+    assert KEY_REUSE in _names(history)
+
+
 def _embeddings(count: int, width: int = 8) -> bytes:
     vectors = [{"object": "embedding", "index": n, "embedding": "A" * width} for n in range(count)]
     return json.dumps({"object": "list", "data": vectors}).encode()

@@ -561,10 +561,9 @@ class Gateway:
         """The key runs in this process: follow its run."""
         if local.fingerprint != print_:
             raise _mismatch(local.key)
-        local.joined += 1
         if self.observer.tracing is not None:
             self.observer.tracing.joined(record, local.facts)
-        head = await self._join(local, deadline)
+        head = await self._joined(local, deadline)
         record.outcome = "joined"
         seen.facts, seen.saved = local.facts, True
         await self._answer(send, receive, head, _JOINED, 0, local)
@@ -651,8 +650,7 @@ class Gateway:
                 run, completed, request, receive, send, record, resume.after
             )
             return
-        run.joined += 1
-        head = await self._join(run, deadline)
+        head = await self._joined(run, deadline)
         record.outcome = "joined"
         try:
             await self._answer(send, receive, head, _JOINED, resume.after, run)
@@ -734,6 +732,22 @@ class Gateway:
             await send_whole(send, head, marker, (b"x-payonce-cost-usd", b"%.8f" % facts.cost_usd))
         else:
             await send_whole(send, head, marker)
+
+    async def _joined(self, run: Execution, deadline: float) -> Head:
+        """Wait for ``run``'s head as one of its duplicates, counted among its replays.
+
+        Counted while waiting, so that a run completing meanwhile stores the count;
+        uncounted if the wait ends without a head (shut down, timed out, cancelled):
+        that duplicate got no answer from the record, and the status endpoint and the
+        call log must agree (found by ``payonce torture``: a duplicate cut by the
+        graceful shutdown was stored as a replay).
+        """
+        run.joined += 1
+        try:
+            return await self._join(run, deadline)
+        except BaseException:
+            run.joined -= 1
+            raise
 
     async def _join(self, execution: Execution, deadline: float) -> Head:
         remaining = deadline - asyncio.get_running_loop().time()

@@ -60,15 +60,17 @@ def arrival(observation: Observation, played: list[Played]) -> float:
     """The latest moment (wall clock) the gateway may have seen ``observation``'s
     request: when it was sent, or, if its gateway was stopped or the store held
     still then, when that fault ended and the gateway caught up (the request
-    waited in a socket or a queue)."""
-    arrival = observation.sent_at
-    for fault in played:
+    waited in a socket or a queue). Faults back to back chain: a request still
+    waiting when the first ended may be held by the next, which began after it
+    was sent (found by a PostgreSQL run: two stops of one gateway, seed 2128899638).
+    """
+    waiting = observation.started  # run time: how long the request may have waited
+    for fault in sorted(played, key=lambda p: p.started):
         kind, target = fault.fault.kind, fault.fault.target
         holds = kind in ("stall", "disk") or (kind == "stop" and target == observation.call.gateway)
-        if holds and fault.started <= observation.started <= fault.ended:
-            late = fault.ended - observation.started + _CATCH_UP
-            arrival = max(arrival, observation.sent_at + late)
-    return arrival
+        if holds and fault.started <= waiting <= fault.ended + _CATCH_UP:
+            waiting = max(waiting, fault.ended + _CATCH_UP)
+    return observation.sent_at + (waiting - observation.started)
 
 
 def record_lives(
