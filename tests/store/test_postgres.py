@@ -363,6 +363,32 @@ async def test_concurrent_claims_and_completions_share_statements(pg: Postgres) 
         await store.close()
 
 
+async def test_concurrent_renewals_share_statements_and_stay_fenced(pg: Postgres) -> None:
+    store = PostgresStore(pg.url)
+    try:
+        await store.ping()
+        keys = [f"r{number}" for number in range(100)]
+        claims = [await store.claim("t", key, "fp", lease=30, ttl=60) for key in keys]
+        renewed = await asyncio.gather(
+            *(
+                store.renew("t", key, claim.record.token, lease=90)
+                for key, claim in zip(keys, claims, strict=True)
+            ),
+            store.renew("t", "r1", "not-the-token", lease=90),  # fenced, in a batch
+            store.renew("t", "nobody", "no-token", lease=90),
+        )
+        assert renewed == [True] * 100 + [False, False]
+        assert store._renewals.items == 102
+        assert store._renewals.statements < 102 / 4, "renewals were not grouped"
+        lease_ends = pg.psql(
+            "SELECT count(*) FROM payonce_records"
+            " WHERE lease_expires_at - created_at > 60 AND key LIKE 'r%'"
+        )
+        assert lease_ends == "100"
+    finally:
+        await store.close()
+
+
 async def test_a_claim_whose_caller_left_is_released_not_left_to_its_lease(pg: Postgres) -> None:
     store = PostgresStore(pg.url)
     try:
