@@ -139,7 +139,8 @@ def script(text: str, workspace: Workspace) -> str:
         "declare -A port_pid=()",
         'stop_port() { local p="${port_pid[$1]:-}"; [ -z "$p" ] && return;'
         ' kill -TERM -- "-$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; }',
-        "wait_port() { for _ in $(seq 400); do (: </dev/tcp/127.0.0.1/$1) 2>/dev/null && return;"
+        # 60 s at most: a server starting on a busy machine, not a measure of speed.
+        "wait_port() { for _ in $(seq 1200); do (: </dev/tcp/127.0.0.1/$1) 2>/dev/null && return;"
         ' sleep 0.05; done; echo "nothing listens on port $1" >&2; cat bg-*.log >&2; return 1; }',
     ]
     for number, command in enumerate(commands(workspace.rewrite(text))):
