@@ -58,6 +58,7 @@ from payonce.gateway.asgi import (
     Receive,
     Scope,
     Send,
+    body_writer,
     break_response,
     broken_reason,
     client_left,
@@ -420,6 +421,7 @@ class Gateway:
             query=scope["query_string"].decode("latin-1"),
             headers=headers,
             body=body,
+            write_body=body_writer(scope),
         )
         record.model = model_of(body)
         if key is None and attempt is not None:
@@ -511,7 +513,7 @@ class Gateway:
                 if first:
                     await self._on_its_own(request, receive, send, record)
                     return None
-                await self._join_here(local, print_, deadline, receive, send, record, seen)
+                await self._join_here(local, print_, deadline, request, receive, send, record, seen)
                 return None
             if self.new_keys is not None and not self.new_keys.allows(tenant):
                 await refuse_new_key(self.new_keys, self.store, tenant, key)
@@ -553,6 +555,7 @@ class Gateway:
         local: Execution,
         print_: str,
         deadline: float,
+        request: ProxiedRequest,
         receive: Receive,
         send: Send,
         record: CallRecord,
@@ -566,7 +569,7 @@ class Gateway:
         head = await self._joined(local, deadline)
         record.outcome = "joined"
         seen.facts, seen.saved = local.facts, True
-        await self._answer(send, receive, head, _JOINED, 0, local)
+        await self._answer(send, receive, request, head, _JOINED, 0, local)
 
     async def _acquired(
         self,
@@ -588,7 +591,9 @@ class Gateway:
             self.observer.tracing.start_upstream(execution.facts, record)
         seen.facts, seen.saved = execution.facts, False
         head = await asyncio.shield(execution.head)
-        await self._answer(send, receive, head, _NOT_REPLAYED, 0, execution, execution.facts)
+        await self._answer(
+            send, receive, request, head, _NOT_REPLAYED, 0, execution, execution.facts
+        )
         return execution
 
     async def _on_its_own(
@@ -653,7 +658,7 @@ class Gateway:
         head = await self._joined(run, deadline)
         record.outcome = "joined"
         try:
-            await self._answer(send, receive, head, _JOINED, resume.after, run)
+            await self._answer(send, receive, request, head, _JOINED, resume.after, run)
         finally:
             self.observer.apply(record, run.facts, saved=True)
 
@@ -702,6 +707,7 @@ class Gateway:
         self,
         send: Send,
         receive: Receive,
+        request: ProxiedRequest,
         head: Head,
         marker: tuple[bytes, bytes],
         after: int,
@@ -711,7 +717,9 @@ class Gateway:
         if isinstance(head, ProblemError):
             raise head
         if isinstance(head, LiveStream):
-            left = await relay_live(send, receive, head, marker, after, execution.lease.token)
+            left = await relay_live(
+                send, receive, head, marker, after, execution.lease.token, request.write_body
+            )
             if (
                 left
                 and self.settings.on_stream_disconnect == "cancel"

@@ -12,9 +12,12 @@ from payonce.errors import BodyTooLarge, ProblemError
 
 __all__ = [
     "BROKEN_ON_PURPOSE",
+    "WRITE_BODY",
+    "BodyWriter",
     "Receive",
     "Scope",
     "Send",
+    "body_writer",
     "break_response",
     "broken_reason",
     "client_left",
@@ -29,6 +32,23 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+# Writes one chunk of a started response's body now, without a task switch or an
+# ASGI message; False when it cannot without waiting (the client reads slowly,
+# has left, or the response is not a chunked body in progress): then the caller
+# sends it with ``send``, which waits as ASGI does.
+BodyWriter = Callable[[bytes], bool]
+
+# The scope extension under which the gateway's own HTTP protocol offers a
+# BodyWriter (:mod:`payonce.gateway.protocol`). Under another server it is
+# absent and every chunk goes through ``send``.
+WRITE_BODY = "payonce.write_body"
+
+
+def body_writer(scope: Scope) -> BodyWriter | None:
+    """The server's :data:`BodyWriter` for this request, if it offers one."""
+    extensions = scope.get("extensions")
+    return extensions.get(WRITE_BODY) if extensions else None
 
 
 # Why the current request's response was left unfinished on purpose, if it was.

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-__all__ = ["Backlog", "LiveStream"]
+__all__ = ["Backlog", "LiveStream", "Push"]
+
+log = logging.getLogger("payonce.gateway")
 
 # A follower sends at most this many events at once: a slow reader catching up
 # must not build one huge response chunk.
@@ -24,6 +27,11 @@ MAX_BATCH = 256
 
 # Reads recorded events numbered above the first argument and up to the second.
 Backlog = Callable[[int, int], Awaitable[list[bytes]]]
+
+
+# Writes events numbered after the int (framed as the follower frames them) to a
+# client at once; False when it cannot without waiting (:meth:`LiveStream.follow`).
+Push = Callable[[list[bytes], int], bool]
 
 
 class LiveStream:
@@ -39,8 +47,13 @@ class LiveStream:
         self.finished = False
         self.failed = False
         self._backlog = backlog
-        self._changed = asyncio.Event()
+        # Futures of the tasks waiting for the next change (followers and observers).
+        self._waiters: list[asyncio.Future[None]] = []
         self._positions: dict[int, int] = {}
+        # Followers at the end of the stream that take new events as they come,
+        # without their task waking (:meth:`follow`): their push, and the future
+        # that wakes them when a push cannot be made or the stream ends.
+        self._pushed: dict[int, tuple[Push, asyncio.Future[None]]] = {}
         self._ids = itertools.count()
 
     @property
@@ -54,12 +67,35 @@ class LiveStream:
         return self.base + len(self.events)
 
     def append(self, events: list[bytes]) -> None:
+        before = self.total
         self.events.extend(events)
+        if self._pushed:
+            self._push(events, before)
         self._wake()
+
+    def _push(self, events: list[bytes], before: int) -> None:
+        positions = self._positions
+        for follower, (push, waiter) in list(self._pushed.items()):
+            try:
+                pushed = positions[follower] == before and push(events, before)
+            except Exception:  # a client's connection must never stop the run
+                log.debug("pushing events to a follower failed", exc_info=True)
+                pushed = False
+            if pushed:
+                positions[follower] = before + len(events)
+            else:
+                # Its task takes over from its position, with a send that waits.
+                del self._pushed[follower]
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def finish(self, *, failed: bool = False) -> None:
         self.finished = True
         self.failed = failed
+        for _, waiter in self._pushed.values():
+            if not waiter.done():
+                waiter.set_result(None)
+        self._pushed.clear()
         self._wake()
 
     def trim(self, recorded: int) -> None:
@@ -79,21 +115,38 @@ class LiveStream:
         For observers that relay nothing (the status endpoint's ``?wait=``): unlike
         :meth:`follow`, waiting here does not count as a follower.
         """
-        await self._changed.wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done():
+                waiter.cancel()
 
     def _wake(self) -> None:
-        # One event object per generation of waiters: set it, then start a new one.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
-    async def follow(self, after: int = 0) -> AsyncGenerator[list[bytes]]:
-        """Batches of events numbered above ``after``, until the stream ends.
+    async def follow(
+        self, after: int = 0, push: Push | None = None
+    ) -> AsyncGenerator[tuple[int, list[bytes]]]:
+        """Batches of events numbered above ``after``, until the stream ends, each with
+        the number of the event before it.
 
-        Raises :class:`ConnectionError` after the last batch if the upstream died.
+        With ``push``, a follower that has caught up takes each new batch through
+        it as the run appends it, in the run's task: its own task sleeps until a
+        push cannot be made (the client reads slowly: the events are then yielded
+        from where it is) or the stream ends. Raises :class:`ConnectionError`
+        after the last batch if the upstream died.
         """
         follower = next(self._ids)
         position = after
-        self._positions[follower] = position
+        positions = self._positions
+        positions[follower] = position
         try:
             while True:
                 if position < self.base:
@@ -109,10 +162,20 @@ class LiveStream:
                         raise ConnectionError("the upstream stream ended before completing")
                     return
                 else:
-                    await self._changed.wait()
+                    waiter = asyncio.get_running_loop().create_future()
+                    if push is not None:
+                        self._pushed[follower] = (push, waiter)
+                    else:
+                        self._waiters.append(waiter)
+                    try:
+                        await waiter
+                    finally:
+                        self._pushed.pop(follower, None)
+                    position = positions[follower]  # pushes moved it on
                     continue
+                before = position
                 position += len(batch)
-                self._positions[follower] = position
-                yield batch
+                positions[follower] = position
+                yield before, batch
         finally:
-            del self._positions[follower]
+            del positions[follower]

@@ -154,10 +154,15 @@ class PassThrough:
             )
             # Without a request-id header, the stream's own id is the join key.
             stream_id = StreamId() if facts.request_id is None else None
+            # Chunks go straight to the socket where the server allows it (they
+            # wait for nothing then); else, or when the client is slow, as ASGI
+            # messages (gateway/asgi.py, BodyWriter).
+            write = request.write_body
             async for chunk in response.chunks():
                 if stream_id is not None and stream_id.feed(chunk):
                     facts.request_id, stream_id = stream_id.value, None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if write is None or not write(chunk):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
     @staticmethod

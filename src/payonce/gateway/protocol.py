@@ -61,7 +61,7 @@ from payonce.errors import (
     RequestTimeout,
     TransferCodingNotImplemented,
 )
-from payonce.gateway.asgi import problem_document
+from payonce.gateway.asgi import WRITE_BODY, problem_document
 from payonce.gateway.uvicorn_internals import HttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -250,6 +250,13 @@ class _Transport:
                 else:
                     self._raw.writelines(held)
 
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` at once, or after what this turn holds (kept in order)."""
+        if self._held:
+            self._held.append(data)
+        else:
+            self._raw.write(data)
+
     def write_eof(self) -> None:
         self.flush()
         self._raw.write_eof()
@@ -271,6 +278,40 @@ class _Transport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
+
+
+class _BodyWriter:
+    """A request's :data:`~payonce.gateway.asgi.BodyWriter`: a chunk of its response's
+    body written straight to the socket.
+
+    A streamed response is most of what the gateway writes, an event at a time.
+    Through ASGI each event is a message, a coroutine of uvicorn's, and a write
+    held to the end of the loop's turn (:class:`_Transport`); here it is one
+    chunk-framed write, made only when uvicorn's ``send`` would not have waited
+    either (its response started, chunked, not complete, the client still there
+    and not holding up writes). Otherwise it writes nothing and says so.
+    """
+
+    __slots__ = ("_cycle", "_transport")
+
+    def __init__(self, cycle: Any, transport: _Transport) -> None:
+        self._cycle = cycle
+        self._transport = transport
+
+    def __call__(self, body: bytes) -> bool:
+        cycle = self._cycle
+        if (
+            not body
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.disconnected
+            or cycle.flow.write_paused
+            or not cycle.chunked_encoding
+            or self._transport.is_closing()
+        ):
+            return False
+        self._transport.write_now(b"%x\r\n%s\r\n" % (len(body), body))
+        return True
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -412,6 +453,9 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:
+            if self._transport is not None and self.scope["method"] != "HEAD":
+                scope = cast(dict[str, Any], self.scope)
+                scope.setdefault("extensions", {})[WRITE_BODY] = _BodyWriter(cycle, self._transport)
             # Until the body is complete, a response must end the connection (the
             # rest of the body is not read). on_message_complete restores the client's
             # keep-alive if the body arrives before the response starts.

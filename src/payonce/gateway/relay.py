@@ -14,8 +14,8 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from payonce.clock import Clock
-from payonce.gateway.asgi import Receive, Send, break_response, send_response
-from payonce.gateway.live import LiveStream
+from payonce.gateway.asgi import BodyWriter, Receive, Send, break_response, send_response
+from payonce.gateway.live import LiveStream, Push
 from payonce.gateway.sse import relayed, run_tag
 from payonce.gateway.upstream import UpstreamResponse
 from payonce.store import Record, RecordState, Store, StoredResponse
@@ -70,9 +70,14 @@ async def _start_stream(
     await send({"type": "http.response.start", "status": status, "headers": encoded})
 
 
+def _framed(events: list[bytes], before: int, run: bytes) -> bytes:
+    """Events numbered ``before + 1``, ... as a client gets them."""
+    return b"".join([relayed(event, before + n, run) for n, event in enumerate(events, 1)])
+
+
 async def _pump(
     send: Send,
-    batches: AsyncGenerator[list[bytes]],
+    batches: AsyncGenerator[tuple[int, list[bytes]]],
     after: int,
     run: bytes,
     gone: Callable[[], bool],
@@ -85,14 +90,11 @@ async def _pump(
         # aclosing: a client that leaves must stop following at once (LiveStream
         # counts its followers in the generator's finally).
         async with contextlib.aclosing(batches):
-            async for batch in batches:
+            async for before, batch in batches:
                 if seen is not None:
                     seen(batch)
-                parts = []
-                for event in batch:
-                    number += 1
-                    parts.append(relayed(event, number, run))
-                body = b"".join(parts)
+                number = before + len(batch)
+                body = _framed(batch, before, run)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if gone():
                     return False
@@ -111,15 +113,26 @@ async def relay_live(
     marker: tuple[bytes, bytes],
     after: int,
     token: str,
+    write: BodyWriter | None = None,
 ) -> bool:
     """Relay a stream running in this process (the run holding ``token``): what it has
     so far, then what comes.
 
-    Returns True when the client left before the end.
+    With the server's ``write`` (:data:`~payonce.gateway.asgi.BodyWriter`), events
+    that arrive while the client is caught up are written by the run as it
+    appends them (:meth:`LiveStream.follow`): no task of this client's wakes per
+    event. Returns True when the client left before the end.
     """
     await _start_stream(send, live.status, live.headers, marker)
+    run = run_tag(token)
+    push: Push | None = None
+    if write is not None:
+
+        def push(events: list[bytes], before: int) -> bool:
+            return write(_framed(events, before, run))
+
     with watch_disconnect(receive) as gone:
-        if await _pump(send, live.follow(after), after, run_tag(token), gone):
+        if await _pump(send, live.follow(after, push), after, run, gone):
             await send({"type": "http.response.body", "body": b""})
         return bool(gone())
 
@@ -152,7 +165,7 @@ async def relay_stored(
 
 async def _stored_batches(
     store: Store, record: Record, after: int, poll: float, clock: Clock
-) -> AsyncGenerator[list[bytes]]:
+) -> AsyncGenerator[tuple[int, list[bytes]]]:
     position = after
     tenant, key = record.tenant, record.key
     current: Record | None = record
@@ -168,8 +181,8 @@ async def _stored_batches(
         if current is None or current.token != record.token:
             raise ConnectionError("the stream's run was released before it completed")
         if events:
+            yield position, events
             position += len(events)
-            yield events
         if current.state is RecordState.COMPLETED:
             if position >= current.events:
                 return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from payonce.gateway.asgi import BodyWriter
 from payonce.gateway.upstream import HOP_BY_HOP_BYTES
 
 __all__ = ["ProxiedRequest", "header"]
@@ -24,6 +25,8 @@ class ProxiedRequest:
     query: str
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    # Writes body chunks of the response straight away, where the server offers it.
+    write_body: BodyWriter | None = None
 
     def upstream_headers(self) -> list[tuple[bytes, bytes]]:
         """Headers to forward: everything but hop-by-hop fields (RFC 9110 section 7.6.1).

@@ -66,7 +66,9 @@ PROTOCOL_MEMBERS = (
 )
 # The request cycle (RequestResponseCycle) of the protocol's current request.
 CYCLE_MEMBERS = (
+    "chunked_encoding",
     "disconnected",
+    "flow",
     "keep_alive",
     "message_event",
     "response_complete",
