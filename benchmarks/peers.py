@@ -202,7 +202,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )
     parser.add_argument("--streams", type=int, default=200, help="workload 3")
     parser.add_argument(
-        "--stream-events", type=int, default=2006, help="workload 5: events per stream"
+        "--stream-events",
+        type=int,
+        default=1000,
+        help="workload 5: tokens per stream (the simulator answers at most 1,024)",
     )
     parser.add_argument("--calls", type=int, default=5000, help="workload 4")
     parser.add_argument("--call-seconds", type=int, default=30, help="workload 4")
@@ -931,10 +934,15 @@ def workload2(stack: Stack) -> dict[str, Any]:
 
 
 def _calls_job(endpoint: Endpoint, count: int, rate: float, *, stream: bool, seconds: float,
-               token_ms: int, tokens: int, timeout: float) -> dict[str, Any]:  # fmt: skip
+               token_ms: int, tokens: int, timeout: float,
+               sized: bool = False) -> dict[str, Any]:  # fmt: skip
+    # sized: a prompt of ``tokens`` tokens, so that the simulator's answer has that
+    # many (its answer is the prompt's length in tokens, 16 to 1,024, capped by
+    # max_tokens: LONG_PROMPT alone gives 118).
+    prompt = "tok " * tokens if sized else LONG_PROMPT
     body: dict[str, Any] = {
         "model": endpoint.model,
-        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
     }
     headers = {"Authorization": endpoint.authorization, "Content-Type": "application/json"}
@@ -1187,7 +1195,7 @@ def workload5(stack: Stack) -> dict[str, Any]:
                     lasts = options.stream_events * token_ms / 1000
                     job = _calls_job(endpoint, streams, 2000.0, stream=True, seconds=0.0,
                                      token_ms=token_ms, tokens=options.stream_events,
-                                     timeout=60 + lasts)  # fmt: skip
+                                     timeout=60 + lasts, sized=True)  # fmt: skip
                     job["gaps"] = True
                     usage = Usage.now(endpoint.service.pid)
                     store = stack.store_pid(system)
@@ -1206,7 +1214,8 @@ def workload5(stack: Stack) -> dict[str, Any]:
                     name = f"{peers_streams.label(system, keyed)} {streams}x{1000 // token_ms}/s"
                     rows.setdefault(name, []).append(row)
                     print(
-                        f"# w5 round {number + 1} {name}: {row['answered']}/{streams} streams,"
+                        f"# w5 round {number + 1} {name}: {row['answered']}/{streams} streams"
+                        f" of {row['events_per_stream']:.0f} events,"
                         f" {row['cpu_us_per_event']:.1f} us/event"
                         f" (x nginx {row.get('x_nginx', 0):.2f}),"
                         f" gap p99 {row['gap_p99_ms'] or 0:.1f} ms",

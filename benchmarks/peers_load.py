@@ -15,7 +15,10 @@ document on stdout. Two kinds of job:
   machine was doing (reported as ``control``).
   With ``gaps``, every call also notes the time between consecutive reads of its
   body once the first byte came (a stream at token rate: one event per read);
-  the job reports their p50, p99 and maximum over all its calls (``gaps``).
+  the job reports their p50, p99 and maximum over all its calls (``gaps``), and
+  the ``data:`` lines its answered calls received (``events``): what the CPU per
+  event divides by, counted rather than assumed (the simulator answers a
+  prompt's length in tokens, capped by ``max_tokens``, not ``max_tokens``).
 * ``incident``: ``count`` business requests through the official openai SDK with
   its default retries (2) and ``timeout``, the SDK's own ``Idempotency-Key``
   (``client._idempotency_header``), ``concurrency`` at once. Its backoff is scaled
@@ -73,6 +76,8 @@ class _Exchange(asyncio.Protocol):
         self.chunked = False
         self.received = 0
         self.tail = b""  # a chunked body's last bytes, to see its end
+        self.events = 0  # data lines received (with gaps: streams at token rate)
+        self.carry = b""  # the last bytes of the previous read, for a line split by reads
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -103,6 +108,10 @@ class _Exchange(asyncio.Protocol):
         if len(self.first) < 4096:
             self.first += data[:4096]
         self.received += len(data)
+        if self.gaps is not None:
+            joined = self.carry + data
+            self.events += joined.count(b"data:")
+            self.carry = joined[-4:]  # shorter than b"data:": never counted twice
         self.tail = (self.tail + data)[-7:]
         if (self.length is not None and self.received >= self.length) or (
             self.chunked and self.tail.endswith(b"0\r\n\r\n")
@@ -165,6 +174,8 @@ async def _one_call(
         # A refusal says why (a problem+json's title and detail): the report counts reasons.
         reason = f"status {exchange.status}: {_why(_unchunked(exchange.first))}"
     results[index] = [exchange.status, exchange.ttfb, total, reason]
+    if gaps is not None and not reason:
+        job["_events"] = job.get("_events", 0) + exchange.events
 
 
 def _unchunked(body: bytes) -> bytes:
@@ -224,6 +235,7 @@ async def calls(job: dict[str, Any]) -> dict[str, Any]:
                 else None
             )
 
+        document["events"] = job.get("_events", 0)
         document["gaps"] = {
             "count": len(ordered),
             "p50_ms": at(0.5),
