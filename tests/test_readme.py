@@ -9,9 +9,12 @@ docs/design.md, the page the README and the code cite for the design, is checked
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -19,17 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def _anchors(markdown: str) -> set[str]:
-    anchors = set()
-    in_code = False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            in_code = not in_code
-        if in_code or not line.startswith("#"):
-            continue
-        title = line.lstrip("#").strip().lower()
-        anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
-    return anchors
+def _repo_links_hook() -> ModuleType:
+    """docs/hooks/repo_links.py, whose anchor rule the docs site checks its links with."""
+    path = ROOT / "docs" / "hooks" / "repo_links.py"
+    spec = importlib.util.spec_from_file_location("payonce_docs_repo_links", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# One rule for the README's links and the docs site's: GitHub's heading anchors.
+_anchors: Callable[[str], set[str]] = _repo_links_hook().github_anchors
 
 
 def _relative_links(page: Path) -> list[str]:

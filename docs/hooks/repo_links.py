@@ -25,7 +25,7 @@ log = logging.getLogger("mkdocs.hooks.repo_links")
 
 
 def github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a Markdown file's headings (as tests/test_readme.py)."""
+    """The anchors GitHub gives a Markdown file's headings (tests/test_readme.py uses it too)."""
     anchors = set()
     in_code = False
     for line in markdown.splitlines():
