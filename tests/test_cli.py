@@ -9,10 +9,11 @@ import sys
 import tomllib
 from pathlib import Path
 
+import click
 import httpx2 as httpx
 import pytest
 
-from payonce import __version__
+from payonce import __version__, cli
 from payonce.config import GatewaySettings
 from tests.support.processes import running
 
@@ -210,3 +211,21 @@ def test_the_demo_help_names_the_incident() -> None:
     help_text = payonce("demo", "--help").stdout
     assert "article" not in help_text
     assert "31% of its bill was duplicate generations" in " ".join(help_text.split())
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """--help and the docs site's CLI reference show each option's help text."""
+    (group,) = [value for value in vars(cli).values() if isinstance(value, click.Group)]
+    silent = []
+
+    def walk(command: click.Command, path: str) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, f"{path} {name}")
+            return
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden and not param.help:
+                silent.append(f"{path} {param.opts[0]}")
+
+    walk(group, "payonce")
+    assert silent == []

@@ -118,6 +118,8 @@ def _fraction(value: str) -> float:
     type=click.Choice(["auto", "payonce", "generic"]),
     default="auto",
     show_default=True,
+    help="The call log's format: payonce's JSON lines, or generic CSV/JSON"
+    " (auto: from its content).",
 )
 @click.option(
     "--bill-format",
@@ -138,6 +140,7 @@ def _fraction(value: str) -> float:
     ),
     default="auto",
     show_default=True,
+    help="The bill's format: a provider's or gateway's export (auto: from its content).",
 )
 @click.option(
     "--calls-map",

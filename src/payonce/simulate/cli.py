@@ -53,7 +53,13 @@ class _ConfigExit(click.ClickException):
     metavar="DURATION",
     help="The SDK's read timeout per attempt (openai's default is 600s).",
 )
-@click.option("--connect-timeout", default="5s", show_default=True, metavar="DURATION")
+@click.option(
+    "--connect-timeout",
+    default="5s",
+    show_default=True,
+    metavar="DURATION",
+    help="How long an attempt whose connection cannot be made waits before it fails.",
+)
 @click.option(
     "--connect-fail",
     default="0",
@@ -62,7 +68,13 @@ class _ConfigExit(click.ClickException):
     help="Share of attempts whose connection cannot be made: each waits --connect-timeout,"
     " bills nothing, and counts as a timeout.",
 )
-@click.option("--app-attempts", default="1", show_default=True, metavar="N")
+@click.option(
+    "--app-attempts",
+    default="1",
+    show_default=True,
+    metavar="N",
+    help="How many times the application's own loop calls the SDK per business request.",
+)
 @click.option(
     "--app-backoff",
     default="0",
@@ -71,8 +83,20 @@ class _ConfigExit(click.ClickException):
     help="Wait before an application retry: a duration, sdk, none, or"
     " exp:initial=..,max=..,jitter=...",
 )
-@click.option("--app-retry-on", type=_RETRY_ON, default="timeout", show_default=True)
-@click.option("--sdk-retries", default="2", show_default=True, metavar="N")
+@click.option(
+    "--app-retry-on",
+    type=_RETRY_ON,
+    default="timeout",
+    show_default=True,
+    help="The failures the application's loop retries.",
+)
+@click.option(
+    "--sdk-retries",
+    default="2",
+    show_default=True,
+    metavar="N",
+    help="The SDK's retries per call (max_retries: 2 is 3 attempts).",
+)
 @click.option(
     "--sdk-backoff",
     default="sdk",
@@ -81,7 +105,13 @@ class _ConfigExit(click.ClickException):
     help="sdk: min(0.5 * 2**n, 8) s less up to 25% jitter, as the openai SDK; or a"
     " duration, none, exp:initial=..,max=..,jitter=...",
 )
-@click.option("--sdk-retry-on", type=_RETRY_ON, default="both", show_default=True)
+@click.option(
+    "--sdk-retry-on",
+    type=_RETRY_ON,
+    default="both",
+    show_default=True,
+    help="The failures the SDK retries (the openai SDK: timeouts and 5xx, both).",
+)
 @click.option(
     "--proxy-timeout",
     default=None,
@@ -90,7 +120,13 @@ class _ConfigExit(click.ClickException):
     " each try waits. No proxy unless this or --proxy-retries is given.",
 )
 @click.option("--proxy-retries", default=None, metavar="N", help="The proxy's extra tries [0].")
-@click.option("--proxy-retry-on", type=_RETRY_ON, default="timeout", show_default=True)
+@click.option(
+    "--proxy-retry-on",
+    type=_RETRY_ON,
+    default="timeout",
+    show_default=True,
+    help="The failures the proxy tries again (5xx or both: a 5xx answer is re-sent at once).",
+)
 @click.option(
     "--proxy-below-payonce",
     is_flag=True,
@@ -115,7 +151,13 @@ class _ConfigExit(click.ClickException):
     metavar="DURATION",
     help="The application's overall deadline per business request.",
 )
-@click.option("--requests", default="1000000", show_default=True, metavar="N")
+@click.option(
+    "--requests",
+    default="1000000",
+    show_default=True,
+    metavar="N",
+    help="Business requests to simulate (at most 10,000,000).",
+)
 @click.option(
     "--price-per-call",
     default="0.01",

@@ -30,7 +30,13 @@ class _ConfigExit(click.ClickException):
     help="The gateways' store (redis needs redis-server on PATH; redis-cluster, three"
     " masters, redis-cli too; postgres, a server of the run's own, Debian's postgresql).",
 )
-@click.option("--gateways", type=click.IntRange(1, 3), default=2, show_default=True)
+@click.option(
+    "--gateways",
+    type=click.IntRange(1, 3),
+    default=2,
+    show_default=True,
+    help="How many gateways run on the one store (1 to 3).",
+)
 @click.option(
     "--seconds", default="20s", show_default=True, metavar="DURATION", help="Calls per run."
 )
