@@ -12,12 +12,23 @@ out::
     python benchmarks/instructions_per_request.py --base ../old --kind plain
     python benchmarks/instructions_per_request.py --base ../old --workers 2 --call-log
 
-A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``).
+A checkout is a payonce source tree with its own ``.venv`` (``make .venv/.installed``);
+``--base-src DIR`` instead runs the baseline's sources (``DIR/src``, for example
+from ``git worktree add DIR REV``) with this checkout's ``.venv``::
+
+    python benchmarks/instructions_per_request.py --base-src /tmp/base --kind event,plain-event
+
 ``--kind`` picks what each request is, one or several (comma-separated; default
 keyed, plain and replay): ``keyed`` a new Idempotency-Key per request (the keyed
 first call), ``plain`` none (pass-through), ``replay`` one of ``REPLAY_KEYS``
 keys completed beforehand, in turn (the warm-up calls are the same in both runs,
-so they cancel out too), ``stream`` a new key per streamed request. ``--workers N`` runs
+so they cancel out too), ``stream`` a new key per streamed request. Per stream
+*event* instead of per request: ``event`` (keyed) and ``plain-event`` (no key)
+send ``EVENT_STREAMS`` streams one after the other, paced one token per 5 ms
+(each event its own read, as at token rate), of ``--small`` and then ``--large``
+tokens each (defaults for these kinds: 20 and 220); the difference, divided by
+the extra events, is what one more event costs, the streams' own costs
+cancelled out. ``--workers N`` runs
 ``payonce serve --workers N`` and counts every process (supervisor and workers;
 callgrind follows the forks, one output file each); the one connection is
 served by one worker, the others idle. ``--call-log`` writes the call log to a
@@ -49,7 +60,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-KINDS = ("keyed", "plain", "replay", "stream")
+KINDS = ("keyed", "plain", "replay", "stream", "event", "plain-event")
+EVENT_KINDS = ("event", "plain-event")
+EVENT_STREAMS = 4
+EVENT_SIZES = (20, 220)  # tokens per stream in the small and the large run
 REPLAY_KEYS = 50
 BODY = json.dumps(
     {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -81,10 +95,16 @@ def _wait_ready(
             time.sleep(0.5)
 
 
-def _send_all(connection: http.client.HTTPConnection, keys: list[str | None], body: str) -> None:
+def _send_all(
+    connection: http.client.HTTPConnection,
+    keys: list[str | None],
+    body: str,
+    extra: Mapping[str, str] | None = None,
+) -> None:
     """One request per key (``None``: without one), one after the other."""
     for key in keys:
         headers = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
+        headers.update(extra or {})
         if key is not None:
             headers["Idempotency-Key"] = key
         connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
@@ -150,6 +170,21 @@ def total_instructions(
             keys = [f"r-{nonce}-{n}" for n in range(REPLAY_KEYS)]
             _send_all(connection, keys, BODY)  # their first calls, the same in both runs
             keys = [keys[n % REPLAY_KEYS] for n in range(requests)]
+        elif kind in EVENT_KINDS:
+            # ``requests`` is the tokens per stream: the simulator answers a
+            # prompt's length in tokens, capped by max_tokens.
+            body = json.dumps(
+                {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": "tok " * requests}],
+                    "max_tokens": requests,
+                    "stream": True,
+                }
+            )
+            keyed = kind == "event"
+            keys = [f"e-{nonce}-{n}" if keyed else None for n in range(EVENT_STREAMS)]
+            _send_all(connection, keys, body, {"X-Sim-Token-Ms": "5"})
+            keys = []
         elif kind in ("keyed", "stream"):
             keys = [f"k-{nonce}-{n}" for n in range(requests)]
         else:
@@ -189,27 +224,39 @@ def per_request(
     flags: Sequence[str] = (),
     env: Mapping[str, str | None] | None = None,
 ) -> dict[str, float]:
-    """Instructions per request, from the difference of a small and a large run."""
+    """Instructions per request (per event: :data:`EVENT_KINDS`), from the difference
+    of a small and a large run."""
     low = total_instructions(checkout, kind, small, workers, call_log, flags, env)
     high = total_instructions(checkout, kind, large, workers, call_log, flags, env)
-    return {part: (high[part] - low[part]) / (large - small) for part in high}
+    extra = (large - small) * (EVENT_STREAMS if kind in EVENT_KINDS else 1)
+    return {part: (high[part] - low[part]) / extra for part in high}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, required=True, help="the baseline checkout")
+    parser.add_argument("--base", type=Path, help="the baseline checkout (with its .venv)")
+    parser.add_argument(
+        "--base-src",
+        type=Path,
+        help="instead: a baseline source tree run with this checkout's .venv"
+        " (its src/ first on PYTHONPATH; `git worktree add DIR REV`)",
+    )
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument(
         "--kind", default="keyed,plain,replay", help=f"{', '.join(KINDS)} (comma-separated)"
     )
-    parser.add_argument("--small", type=int, default=200)
-    parser.add_argument("--large", type=int, default=1000)
+    parser.add_argument("--small", type=int, default=None, help="200 (event kinds: 20)")
+    parser.add_argument("--large", type=int, default=None, help="1000 (event kinds: 220)")
     parser.add_argument("--workers", type=int, default=1, help="payonce serve --workers N")
     parser.add_argument("--call-log", action="store_true", help="with a call log file")
     parser.add_argument("--rounds", type=int, default=1, help="base and new, alternating")
     parser.add_argument("--base-flags", default="", help="more serve flags for the base")
     parser.add_argument("--new-flags", default="", help="more serve flags for the new one")
     args = parser.parse_args()
+    if (args.base is None) == (args.base_src is None):
+        parser.error("give one of --base and --base-src")
+    base_checkout = args.new.resolve() if args.base is None else args.base.resolve()
+    base_env = {"PYTHONPATH": str(args.base_src.resolve() / "src")} if args.base_src else None
     kinds = [kind.strip() for kind in args.kind.split(",") if kind.strip()]
     unknown = set(kinds) - set(KINDS)
     if unknown:
@@ -219,12 +266,15 @@ def main() -> None:
     extra += f", new flags {args.new_flags!r}" if args.new_flags else ""
     for round_ in range(1, args.rounds + 1):
         for kind in kinds:
-            options = (kind, args.small, args.large, args.workers, args.call_log)
-            base = per_request(args.base.resolve(), *options, tuple(args.base_flags.split()))
+            small, large = EVENT_SIZES if kind in EVENT_KINDS else (200, 1000)
+            small, large = args.small or small, args.large or large
+            options = (kind, small, large, args.workers, args.call_log)
+            base = per_request(base_checkout, *options, tuple(args.base_flags.split()), base_env)
             new = per_request(args.new.resolve(), *options, tuple(args.new_flags.split()))
             print(
                 f"{kind}{extra}, round {round_}: base {base['total'] / 1000:,.1f}k"
-                f" instructions/request, new {new['total'] / 1000:,.1f}k,"
+                f" instructions/{'event' if kind in EVENT_KINDS else 'request'},"
+                f" new {new['total'] / 1000:,.1f}k,"
                 f" ratio new/base {new['total'] / base['total']:.3f}",
                 flush=True,
             )
