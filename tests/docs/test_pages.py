@@ -4,12 +4,15 @@ project to lint, Redis over TLS, PostgreSQL, a call log and its bill."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.docs.blocks import block
 from tests.docs.runner import Workspace, loosely_in, run_console, run_sh
@@ -200,3 +203,18 @@ def test_migrate_then_serve_without_migrating_on_postgresql(workspace: Workspace
         text = block("postgres-migrate").replace("postgresql://payonce@db/payonce", server.url)
         # Ready means the store answered: the schema migrate made is the one serve expects.
         run_sh(text + "curl -sf http://127.0.0.1:8080/_payonce/health/ready\n", workspace)
+
+
+@pytest.mark.parametrize("store", ["redis", "postgresql"])
+def test_a_retry_on_another_replica_is_replayed(workspace: Workspace, store: str) -> None:
+    """docs/howto-replicas.md: two gateways on one store, the retry sent to the other."""
+    text = block("replicas").replace("8081", str(free_port()))
+    with contextlib.ExitStack() as servers:
+        if store == "redis":
+            redis = servers.enter_context(running_redis(workspace.path))
+            url = f"redis://127.0.0.1:{redis.port}/0"
+        else:
+            url = servers.enter_context(running_postgres()).url
+        done = run_sh(text.replace("redis://127.0.0.1:6379/0", url), workspace)
+    ledger = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ledger["billed"] == 1, ledger
