@@ -62,6 +62,11 @@ def test_ready_with_upstream_is_503_while_the_upstream_does_not_answer(tmp_path:
         gateway.stop()
 
 
+# Long enough that a slow machine still sees the delay at work (a test that waited
+# 4.4 s for its first probes on a loaded machine missed a delay of 3 s).
+DELAY = 10.0
+
+
 def _delayed(tmp_path: Path, workers: int = 1) -> Process:
     return start_payonce(
         [
@@ -75,7 +80,7 @@ def _delayed(tmp_path: Path, workers: int = 1) -> Process:
             "--store",
             f"sqlite:///{tmp_path / 'payonce.db'}",
             "--shutdown-delay",
-            "3s",
+            f"{DELAY:g}s",
         ],
         log_dir=tmp_path,
         ready_path="/_payonce/health/ready",
@@ -108,9 +113,9 @@ def test_sigterm_makes_ready_503_for_the_shutdown_delay_while_requests_are_serve
             timeout=30,
         )
         assert call.status_code == 200
-        assert time.monotonic() - signalled < 3, "the test was too slow to see the delay"
-        assert gateway.popen.wait(20) == 0, gateway.output()
-        assert time.monotonic() - signalled >= 3
+        assert time.monotonic() - signalled < DELAY, "the test was too slow to see the delay"
+        assert gateway.popen.wait(DELAY + 20) == 0, gateway.output()
+        assert time.monotonic() - signalled >= DELAY
     finally:
         gateway.stop()
 
@@ -126,7 +131,7 @@ def test_a_second_sigterm_during_the_delay_stops_the_gateway_at_once(tmp_path: P
         signalled = time.monotonic()
         gateway.popen.send_signal(signal.SIGTERM)
         assert gateway.popen.wait(20) == 0, gateway.output()
-        assert time.monotonic() - signalled < 2
+        assert time.monotonic() - signalled < DELAY / 2  # at once, not after the delay
     finally:
         gateway.stop()
 
