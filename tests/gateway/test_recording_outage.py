@@ -18,7 +18,6 @@ import pytest
 
 from payonce.clock import SystemClock
 from payonce.errors import StorageTimeout
-from payonce.gateway.journal import Journal
 from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.recording import record_stream
@@ -85,17 +84,6 @@ class _Upstream:
             yield event
 
 
-# Whether _record gives the recorder a gateway's journal (set for each test by
-# the fixture below: every rule holds with and without one).
-_JOURNALED = False
-
-
-@pytest.fixture(autouse=True, params=[False, True], ids=["own-writer", "journal"])
-def journaled(request: pytest.FixtureRequest) -> None:
-    global _JOURNALED
-    _JOURNALED = request.param
-
-
 def _events(count: int, size: int = 100) -> list[bytes]:
     return [b'data: {"n": %d, "pad": "%s"}\n\n' % (n, b"x" * size) for n in range(count)]
 
@@ -114,7 +102,6 @@ async def _record(
         on_last_event=lambda: None,
         joined=lambda: 0,
         facts=facts,
-        journal=Journal(store) if _JOURNALED else None,
     )
     return stored, facts, live, claim.record.token
 

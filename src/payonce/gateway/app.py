@@ -68,7 +68,6 @@ from payonce.gateway.asgi import (
 )
 from payonce.gateway.execution import Execution, Head, renew_leases, run_execution
 from payonce.gateway.housekeeping import housekeeping
-from payonce.gateway.journal import Journal
 from payonce.gateway.keys import (
     ANONYMOUS,
     DEFAULT_CREDENTIAL_HEADERS,
@@ -180,8 +179,6 @@ class Gateway:
         """``metrics_dir``: a ``--workers`` worker's shared metrics (:class:`Metrics`)."""
         self.settings = settings
         self.store = store
-        # Every stream's events due, written in one store call per tick.
-        self.journal = Journal(store)
         self.upstream = upstream
         self.clock = clock or SystemClock()
         scenarios = Scenarios(
@@ -798,7 +795,6 @@ class Gateway:
             running=self.running,
             inject_stream_usage=self.settings.inject_stream_usage,
             max_stored_body=self.settings.max_stored_body,
-            journal=self.journal,
         )
         self.observer.upstream_call(execution.facts, request.raw_path)
         if stored is not None and not stored.stream:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 
 from payonce.errors import ProblemError, StorageError
-from payonce.gateway.journal import Journal
 from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts, provider_request_id
@@ -137,7 +136,6 @@ async def run_execution(
     running: RunTable[Execution],
     inject_stream_usage: bool = True,
     max_stored_body: int | None = None,
-    journal: Journal | None = None,
 ) -> StoredResponse | None:
     """Call the upstream, resolve ``execution.head``, then store or release the record.
 
@@ -183,7 +181,6 @@ async def run_execution(
                         joined=lambda: execution.joined,
                         facts=facts,
                         max_stored=max_stored_body,
-                        journal=journal,
                     )
                     facts.latency = time.perf_counter() - started
                     if facts.usage is None and not_asked_for_usage(

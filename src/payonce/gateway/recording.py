@@ -2,9 +2,8 @@
 
 Events go to the :class:`LiveStream` (every client following it here) as they
 arrive, and to the store in small batches (every ``FLUSH_EVENTS`` events or
-``FLUSH_SECONDS``, whichever comes first; with a gateway's :class:`Journal`,
-every stream's due events in one store call per tick), so other processes can
-follow and a retry after completion replays the same events.
+``FLUSH_SECONDS``, whichever comes first), so other processes can follow and a
+retry after completion replays the same events.
 
 A stream counts as complete when the upstream ends its body cleanly. If the
 upstream dies mid-way, the record is released: what was recorded is dropped
@@ -25,14 +24,13 @@ import logging
 from collections.abc import Callable
 
 from payonce.errors import ProblemError, StorageError
-from payonce.gateway.journal import FLUSH_SECONDS, Journal
 from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import priced_call
-from payonce.store import Append, StoredResponse
+from payonce.store import StoredResponse
 
 __all__ = [
     "FLUSH_EVENTS",
@@ -45,6 +43,7 @@ __all__ = [
 log = logging.getLogger("payonce.gateway")
 
 FLUSH_EVENTS = 64
+FLUSH_SECONDS = 0.05
 # While the store cannot take a stream's events: how often they are written again,
 # and at most how many bytes of them wait in memory (docs/gateway.md, "Store outages").
 RETRY_SECONDS = 0.25
@@ -66,13 +65,7 @@ class _Recorder:
     the record is released, as before.
     """
 
-    def __init__(
-        self,
-        lease: Lease,
-        live: LiveStream,
-        max_stored: int | None = None,
-        journal: Journal | None = None,
-    ) -> None:
+    def __init__(self, lease: Lease, live: LiveStream, max_stored: int | None = None) -> None:
         self.lease = lease
         self.key = lease.key
         self.live = live
@@ -97,14 +90,6 @@ class _Recorder:
         self._wake = asyncio.Event()
         self._written = asyncio.Event()  # after each write attempt
         self._writer: asyncio.Task[None] | None = None
-        self._journal = journal
-        # The journal is writing events of ours (taken: which); our writer waits
-        # for it to settle, and the journal takes nothing while our writer writes.
-        self._in_journal = False
-        self._taken: list[bytes] = []
-        self._settled = asyncio.Event()
-        self._settled.set()
-        self._writing = False
 
     def begin(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         """Start recording in the background: relaying the first event must not wait for it."""
@@ -136,12 +121,11 @@ class _Recorder:
                 self._give_up(f"{MAX_BACKLOG >> 20} MiB of events waited for it")
             return  # the writer retries on its own schedule
         now = self._loop.time()
-        if len(self.backlog) >= FLUSH_EVENTS or self.backlog_bytes > MAX_BACKLOG:
-            self._last_flush = now
-            self._wake.set()
-        elif self._journal is not None:
-            self._journal.due(self)
-        elif now - self._last_flush >= FLUSH_SECONDS:
+        if (
+            len(self.backlog) >= FLUSH_EVENTS
+            or now - self._last_flush >= FLUSH_SECONDS
+            or self.backlog_bytes > MAX_BACKLOG
+        ):
             self._last_flush = now
             self._wake.set()
         # Memory stays bounded behind a slow (not failing) write: wait for it, as
@@ -204,14 +188,8 @@ class _Recorder:
                 if self._loop.time() - self._failing_since >= self.lease.duration:
                     self._give_up("one --lease passed")
                     return
-            while self._in_journal:
-                await self._settled.wait()
             if self.ok:
-                self._writing = True
-                try:
-                    await self._write()
-                finally:
-                    self._writing = False
+                await self._write()
                 self._written.set()
 
     async def _write(self) -> None:
@@ -235,50 +213,10 @@ class _Recorder:
         except StorageError as exc:
             self._failed(exc)
             return
-        self._took(batch)
-
-    def _took(self, batch: list[bytes]) -> None:
-        """``batch``, the first events queued, is in the store now."""
         self.recorded += len(batch)
         del self.backlog[: len(batch)]
         self.backlog_bytes -= sum(map(len, batch))
         self.live.trim(self.recorded)
-
-    def take_due(self) -> Append | None:
-        """The journal's turn (:class:`~payonce.gateway.journal.Journaled`): the queued
-        events, unless this recorder writes them itself now or in an outage."""
-        if (
-            not self.ok
-            or not self._begun
-            or self._failing_since is not None
-            or self._writing
-            or self._in_journal
-            or not self.backlog
-        ):
-            return None
-        self._in_journal = True
-        self._settled.clear()
-        self._taken = list(self.backlog)
-        lease = self.lease
-        return (lease.tenant, lease.key, lease.token, self.recorded + 1, self._taken)
-
-    def settle(self, appended: bool | None, error: StorageError | None) -> None:
-        """The journal wrote what it took (True), was fenced out (False), or failed."""
-        batch, self._taken = self._taken, []
-        self._in_journal = False
-        try:
-            if not self.ok:
-                return  # stopped meanwhile: nothing more to do
-            if error is not None:
-                self._failed(error)  # the writer retries, on its schedule
-                self._wake.set()
-            elif appended:
-                self._took(batch)
-            elif appended is False:
-                self._lost()
-        finally:
-            self._settled.set()
-            self._written.set()
 
     async def _answering_again(self) -> None:
         """After an outage, a write went through: renew the lease, then write once more.
@@ -330,7 +268,6 @@ async def record_stream(
     joined: Callable[[], int],
     facts: UpstreamFacts,
     max_stored: int | None = None,
-    journal: Journal | None = None,
 ) -> StoredResponse | None:
     """Relay ``response`` into ``live``, record it under ``lease``, then complete or release.
 
@@ -341,7 +278,7 @@ async def record_stream(
     ``store_unavailable``. Within it, the stream's end waits for them to be
     written. A completed stream is replayed for ``--ttl`` (:meth:`Lease.complete`).
     """
-    recorder = _Recorder(lease, live, max_stored, journal)
+    recorder = _Recorder(lease, live, max_stored)
     recorder.begin(response.status, response.headers)
     try:
         return await _relay_and_settle(

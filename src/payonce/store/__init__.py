@@ -8,8 +8,6 @@ from urllib.parse import parse_qs
 from payonce.clock import Clock
 from payonce.errors import ConfigError
 from payonce.store.base import (
-    Append,
-    AppendsMany,
     Claim,
     ClaimStatus,
     Record,
@@ -27,8 +25,6 @@ from payonce.store.sealing import PLAIN, Codec, Sealing
 from payonce.store.sqlite import SQLiteStore
 
 __all__ = [
-    "Append",
-    "AppendsMany",
     "Claim",
     "ClaimStatus",
     "Codec",

@@ -37,11 +37,9 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 __all__ = [
-    "Append",
-    "AppendsMany",
     "Claim",
     "ClaimStatus",
     "Record",
@@ -51,26 +49,6 @@ __all__ = [
     "held_expiry",
     "new_token",
 ]
-
-# One stream's events to record: tenant, key, the writer's token, the number of
-# the first event, the events (:meth:`Store.append_events`'s arguments).
-Append = tuple[str, str, str, int, Sequence[bytes]]
-
-
-@runtime_checkable
-class AppendsMany(Protocol):
-    """A store that records several streams' events in one call, cheaper than one call
-    each (the recorder of a gateway's streams uses it: gateway/recording.py)."""
-
-    async def append_events_many(self, appends: Sequence[Append]) -> list[bool]:
-        """:meth:`Store.append_events` for each, in one go; each result as that call's.
-
-        Each append is fenced by its own token, as alone; a :class:`StorageError`
-        fails them all (none, some or all may have been written, as for a
-        single append that fails).
-        """
-        ...
-
 
 _tokens = random.Random()  # seeded from os.urandom once; see new_token
 # Forked workers must not share a token sequence: two takeovers of one key

@@ -44,7 +44,6 @@ import orjson
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store.base import (
-    Append,
     Claim,
     ClaimStatus,
     Record,
@@ -391,26 +390,6 @@ class SQLiteStore:
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
     ) -> bool:
-        return await self._appended(tenant, key, self._append(tenant, key, token, first, events))
-
-    async def append_events_many(self, appends: Sequence[Append]) -> list[bool]:
-        # Every statement is queued before any is awaited: they share one
-        # transaction, and awaiting plain futures makes no task per stream.
-        queued = [self._append(*append) for append in appends]
-        # One transaction: they fail together; every outcome is taken, then the
-        # first failure raised (none left for asyncio to call "never retrieved").
-        outcomes = await asyncio.gather(*queued, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        for (tenant, key, *_), inserted in zip(appends, outcomes, strict=True):
-            if inserted:
-                self._waiters.notify(f"{tenant}\x00{key}")
-        return [bool(inserted) for inserted in outcomes]
-
-    def _append(
-        self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> asyncio.Future[Any]:
         now = self._clock.now()
         # One statement for the whole batch, and it checks the token itself: a
         # writer whose lease passed to another holder must not add to the new
@@ -419,16 +398,14 @@ class SQLiteStore:
         values: list[object] = []
         for offset, data in enumerate(self._codec.events_out(tenant, key, first, events)):
             values += (first + offset, data)
-        return self._write(
+        inserted = await self._write(
             "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
             f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
             f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
             (tenant, key, *values, tenant, key, token, now),
             deferred=True,  # followers here got the events live; this is for the rest
         )
-
-    async def _appended(self, tenant: str, key: str, inserted: asyncio.Future[Any]) -> bool:
-        if await inserted:
+        if inserted:
             self._waiters.notify(f"{tenant}\x00{key}")
             return True
         return False
