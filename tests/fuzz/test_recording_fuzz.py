@@ -9,7 +9,7 @@ TCP and aiohttp decide chunk boundaries on a socket and a test cannot.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,10 +49,13 @@ class ScriptedResponse:
     def __init__(self, chunks: list[bytes]) -> None:
         self._chunks = chunks
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
+    async def chunks(self, take: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
+        # Every other chunk offered to ``take`` as the upstream connection offers
+        # them, so both ways a chunk reaches the recorder are fuzzed.
+        for number, chunk in enumerate(self._chunks):
             await asyncio.sleep(0)
-            yield chunk
+            if take is None or number % 2 or not take(chunk):
+                yield chunk
 
 
 async def _record(chunks: list[bytes]) -> tuple[list[bytes], list[bytes], object]:

@@ -435,7 +435,7 @@ class _Upstream:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self, take: object = None) -> AsyncIterator[bytes]:
         yield self.body
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -74,14 +74,17 @@ class _Upstream:
         self.events, self.gap, self.hooks = events, gap, hooks
         self.asked: list[float] = []  # when the relay asked for each next chunk
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self, take: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
+        # As the upstream connection does: each chunk offered to ``take`` first, as
+        # it arrives, and yielded only if it is left.
         loop = asyncio.get_running_loop()
         for number, event in enumerate(self.events):
             self.asked.append(loop.time())
             if number in self.hooks:
                 self.hooks[number]()
             await asyncio.sleep(self.gap)
-            yield event
+            if take is None or not take(event):
+                yield event
 
 
 def _events(count: int, size: int = 100) -> list[bytes]:

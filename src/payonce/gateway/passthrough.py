@@ -23,6 +23,7 @@ from payonce.gateway.relay import send_whole
 from payonce.gateway.request import ProxiedRequest
 from payonce.gateway.sse import StreamId, is_event_stream
 from payonce.gateway.upstream import OpenResponse, Upstream, UpstreamResponse
+from payonce.gateway.upstream_http import Take
 from payonce.observe.calllog import CallRecord
 from payonce.observe.metrics import Metrics
 from payonce.observe.pricing import priced_call
@@ -154,15 +155,29 @@ class PassThrough:
             )
             # Without a request-id header, the stream's own id is the join key.
             stream_id = StreamId() if facts.request_id is None else None
-            # Chunks go straight to the socket where the server allows it (they
-            # wait for nothing then); else, or when the client is slow, as ASGI
-            # messages (gateway/asgi.py, BodyWriter).
-            write = request.write_body
-            async for chunk in response.chunks():
+
+            def seen(chunk: bytes) -> None:
+                nonlocal stream_id
                 if stream_id is not None and stream_id.feed(chunk):
                     facts.request_id, stream_id = stream_id.value, None
-                if write is None or not write(chunk):
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+            # Chunks go straight to the socket as they arrive where the server
+            # allows it (they wait for nothing then), without this task waking;
+            # else, or when the client is slow, as ASGI messages (gateway/asgi.py,
+            # BodyWriter).
+            write = request.write_body
+            take: Take | None = None
+            if write is not None:
+
+                def take(chunk: bytes) -> bool:
+                    if not write(chunk):
+                        return False
+                    seen(chunk)
+                    return True
+
+            async for chunk in response.chunks(take):
+                seen(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
     @staticmethod

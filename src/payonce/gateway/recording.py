@@ -98,7 +98,8 @@ class _Recorder:
         # However the writer ends, nobody stays waiting for it in add().
         self._writer.add_done_callback(lambda _: self._written.set())
 
-    async def add(self, events: list[bytes]) -> None:
+    def add(self, events: list[bytes]) -> None:
+        """Queue ``events`` for the writer; then :meth:`wait_for_room` before adding more."""
         if self.room is not None:
             self.room -= sum(map(len, events))
             if self.room < 0:
@@ -128,15 +129,22 @@ class _Recorder:
         ):
             self._last_flush = now
             self._wake.set()
-        # Memory stays bounded behind a slow (not failing) write: wait for it, as
-        # writing in line did. A write that fails ends the wait (the bound above).
-        while (
+
+    @property
+    def full(self) -> bool:
+        """Whether more events must wait for the write in flight (:meth:`wait_for_room`)."""
+        return (
             self.ok
             and self._failing_since is None
             and self.backlog_bytes > MAX_BACKLOG
             and self._writer is not None
             and not self._writer.done()
-        ):
+        )
+
+    async def wait_for_room(self) -> None:
+        """Memory stays bounded behind a slow (not failing) write: wait for it, as
+        writing in line did. A write that fails ends the wait (the bound in :meth:`add`)."""
+        while self.full:
             self._written.clear()
             await self._written.wait()
 
@@ -313,7 +321,7 @@ async def _relay_and_settle(
     # Without a request-id header, the stream's own id is the join key with the bill.
     stream_id = None if facts.request_id is not None else StreamId()
 
-    async def take(events: list[bytes]) -> None:
+    def take(events: list[bytes]) -> None:
         if stream_id is not None and not stream_id.done:
             for event in events:
                 if stream_id.feed(event):
@@ -325,14 +333,24 @@ async def _relay_and_settle(
             facts.not_stored = "upstream_error"  # relayed, never replayed: see below
         if kept:
             live.append(kept)
-            await recorder.add(kept)
+            recorder.add(kept)
             if recorder.too_large:
                 facts.not_stored = "too_large"
 
+    def take_now(chunk: bytes) -> bool:
+        # As the chunk arrives, in the upstream connection's callback: the events
+        # go to the followers that keep up and to the recorder without this task
+        # waking, unless the recorder is full (then the loop below waits for room).
+        if recorder.full:
+            return False
+        take(splitter.feed(chunk))
+        return True
+
     try:
-        async for chunk in response.chunks():
-            await take(splitter.feed(chunk))
-        await take(splitter.close())
+        async for chunk in response.chunks(take_now):
+            await recorder.wait_for_room()
+            take(splitter.feed(chunk))
+        take(splitter.close())
     except ProblemError as exc:
         log.warning("the upstream stream of key %r broke off: %s", lease.key, exc.detail)
         recorder.cancel()

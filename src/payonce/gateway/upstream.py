@@ -23,7 +23,7 @@ from yarl import URL
 
 from payonce.errors import ConfigError, UpstreamTimeout, UpstreamUnavailable
 from payonce.gateway.sse import EventSplitter, StreamEnd, is_event_stream
-from payonce.gateway.upstream_http import ConnectFailed, Connection, Pool, request_head
+from payonce.gateway.upstream_http import ConnectFailed, Connection, Pool, Take, request_head
 
 __all__ = [
     "HOP_BY_HOP",
@@ -312,8 +312,12 @@ class OpenResponse:
         except (TimeoutError, ConnectionError) as exc:
             raise _translate(exc) from exc
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives.
+    async def chunks(self, take: Take | None = None) -> AsyncIterator[bytes]:
+        """The body as it arrives, but for the chunks ``take`` takes as they arrive.
+
+        ``take`` runs in the connection's callback, never while a chunk it left
+        is still being handled (:meth:`Connection.read_some`); it returns False
+        to leave a chunk to the loop, untouched.
 
         A stream whose body ends with its connection (neither a length nor chunks)
         and stops before its protocol's end event raises, as a connection that
@@ -323,9 +327,11 @@ class OpenResponse:
         connection = self._connection
         watch = self.close_delimited and is_event_stream(self.content_type)
         splitter, end = (EventSplitter(), StreamEnd()) if watch else (None, None)
+        if watch:
+            take = None  # every chunk is watched for the stream's end event
         while True:
             try:
-                chunk = await connection.read_some(self._read_timeout)
+                chunk = await connection.read_some(self._read_timeout, take)
             except (TimeoutError, ConnectionError) as exc:
                 raise _translate(exc) from exc
             if splitter is not None and end is not None:

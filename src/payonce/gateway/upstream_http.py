@@ -29,11 +29,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import httptools
 
-__all__ = ["MAX_IDLE", "ConnectFailed", "Connection", "Pool"]
+__all__ = ["MAX_IDLE", "ConnectFailed", "Connection", "Pool", "Take"]
+
+# Takes body bytes as they arrive, in the connection's callback (:meth:`Connection.read_some`);
+# False leaves them, untouched, to the reader.
+Take = Callable[[bytes], bool]
 
 # Body bytes held for a slow reader before the connection stops reading.
 _HIGH_WATER = 256 * 1024
@@ -63,6 +67,10 @@ class Connection(asyncio.Protocol):
         self.busy = False  # a request was written and its connection not yet released
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # When the current wait began, or ``take`` last took bytes during it: the
+        # read timeout counts from the later of the two.
+        self._mark = 0.0
         self._paused = False
         self._begin(False)
 
@@ -77,6 +85,8 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._body: list[bytes] = []
         self._buffered = 0
+        self._take: Take | None = None
+        self.take_error: Exception | None = None
 
     # -- the request -----------------------------------------------------------------------
 
@@ -106,12 +116,29 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
-    async def read_some(self, timeout: float) -> bytes:
-        """What arrives of the body next; ``b""`` once it is complete."""
+    async def read_some(self, timeout: float, take: Take | None = None) -> bytes:
+        """What arrives of the body next; ``b""`` once it is complete.
+
+        With ``take``, the bytes that arrive while this waits are offered to it
+        first, in the connection's own callback, and what it takes is not
+        returned: a relay that can write a chunk at once does so without this
+        task waking (a future, a timer, a task step and an async generator's
+        step per chunk, at token rate most of an unkeyed event's cost). ``take``
+        is offered bytes only while nothing waits for this reader, and not
+        again, once it has left some, until this reader has them: the order of
+        the bytes is kept. What ``take`` raises is raised here, and ends the
+        connection's reuse.
+        """
         while not self._body:
+            if self.take_error is not None:
+                raise self.take_error
             if self.complete:
                 return b""
-            await self._wait(timeout)
+            self._take = take
+            try:
+                await self._wait(timeout)
+            finally:
+                self._take = None
         return self.take_body()
 
     async def read_all(self, timeout: float) -> bytes:
@@ -135,6 +162,7 @@ class Connection(asyncio.Protocol):
         return (
             self.complete
             and self.error is None
+            and self.take_error is None
             and not self.lost
             and not self._head_only
             and self._keep_alive
@@ -147,19 +175,29 @@ class Connection(asyncio.Protocol):
     async def _wait(self, timeout: float) -> None:
         if self.error is not None:
             raise self.error
-        waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout, self._time_out, waiter)
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        self._mark = loop.time()
+        self._timer = loop.call_later(timeout, self._time_out, waiter, timeout)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._waiter = None
         if self.error is not None:
             raise self.error
 
-    def _time_out(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            waiter.set_exception(TimeoutError("the upstream sent nothing within the read timeout"))
+    def _time_out(self, waiter: asyncio.Future[None], timeout: float) -> None:
+        if waiter.done():
+            return
+        # One timer per wait, not per chunk taken during it: moved on when it fires.
+        left = self._mark + timeout - self._loop.time()
+        if left > 0:
+            self._timer = self._loop.call_later(left, self._time_out, waiter, timeout)
+            return
+        waiter.set_exception(TimeoutError("the upstream sent nothing within the read timeout"))
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -228,6 +266,18 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._head_only:
             return
+        take = self._take
+        if take is not None:  # set only while the reader waits with nothing buffered
+            self._mark = self._loop.time()
+            try:
+                if take(body):
+                    return
+            except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it had read them
+                self.take_error = exc
+                self._take = None
+                self._wake()
+                return
+            self._take = None  # the reader has these first, then the next
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
