@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from payonce.gateway.upstream_http import Connection, Pool, request_head
+from payonce.gateway.upstream_http import TAKEN_PER_TURN, Connection, Pool, request_head
 
 
 class _Upstream:
@@ -27,12 +27,16 @@ class _Upstream:
         self.chunks: asyncio.Queue[tuple[bytes, ...] | None] = asyncio.Queue()
         self.port = 0
         self._server: asyncio.Server | None = None
+        self._handlers: list[tuple[asyncio.Task[None], asyncio.StreamWriter]] = []
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.append((task, writer))
         await reader.readuntil(b"\r\n\r\n")
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -51,9 +55,16 @@ class _Upstream:
         """Write ``chunks`` in one write; none: end the body."""
         self.chunks.put_nowait(chunks or None)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        # Nothing may outlive the test's loop: a handler still waiting for chunks
+        # (the timeout test never ends its body) is cancelled, its socket closed.
+        for task, writer in self._handlers:
+            task.cancel()
+            writer.close()
+        await asyncio.gather(*(task for task, _ in self._handlers), return_exceptions=True)
         if self._server is not None:
             self._server.close()
+            await self._server.wait_closed()
 
 
 @pytest.fixture
@@ -61,7 +72,7 @@ async def upstream() -> AsyncIterator[_Upstream]:
     server = _Upstream()
     await server.start()
     yield server
-    server.close()
+    await server.close()
 
 
 async def _open(upstream: _Upstream) -> Connection:
@@ -156,4 +167,29 @@ async def test_the_read_timeout_counts_from_the_last_bytes_taken(upstream: _Upst
     await trickling
     assert taken == [b"%d" % n for n in range(15)]
     assert waited >= 2.0, f"timed out after {waited:.2f} s, while bytes came"
+    connection.close()
+
+
+async def test_at_most_so_many_chunks_a_turn_are_taken_and_the_rest_wait_in_order(
+    upstream: _Upstream,
+) -> None:
+    # A loop with more to read than it can handle must still run its timers and
+    # tasks: past TAKEN_PER_TURN chunks in one turn, the rest go to their readers.
+    connection = await _open(upstream)
+    taken: list[bytes] = []
+
+    def take(chunk: bytes) -> bool:
+        taken.append(chunk)
+        return True
+
+    chunks = [b"<%d>" % n for n in range(TAKEN_PER_TURN + 36)]
+    upstream.send(*chunks)  # one write: one read, one turn of the loop
+    rest = await connection.read_some(5, take)
+    assert taken == chunks[:TAKEN_PER_TURN]
+    assert rest == b"".join(chunks[TAKEN_PER_TURN:])
+    # The next turn's chunks are taken again.
+    upstream.send(b"next")
+    upstream.send()
+    assert await connection.read_some(5, take) == b""
+    assert taken[-1] == b"next"
     connection.close()
