@@ -74,28 +74,32 @@ class LiveStream:
         self._wake()
 
     def _push(self, events: list[bytes], before: int) -> None:
+        # Every pushed follower is at ``before``, the end: it was registered there
+        # (:meth:`follow`) and each push it took moved it on to the new end.
+        after = before + len(events)
         positions = self._positions
-        for follower, (push, waiter) in list(self._pushed.items()):
+        for follower, (push, _) in list(self._pushed.items()):
             try:
-                pushed = positions[follower] == before and push(events, before)
+                pushed = push(events, before)
             except Exception:  # a client's connection must never stop the run
                 log.debug("pushing events to a follower failed", exc_info=True)
                 pushed = False
             if pushed:
-                positions[follower] = before + len(events)
+                positions[follower] = after
             else:
-                # Its task takes over from its position, with a send that waits.
-                del self._pushed[follower]
-                if not waiter.done():
-                    waiter.set_result(None)
+                self._release(follower)  # its task sends them, with a send that waits
+
+    def _release(self, follower: int) -> None:
+        """Wake a pushed follower's task: it takes over from its position."""
+        _, waiter = self._pushed.pop(follower)
+        if not waiter.done():
+            waiter.set_result(None)
 
     def finish(self, *, failed: bool = False) -> None:
         self.finished = True
         self.failed = failed
-        for _, waiter in self._pushed.values():
-            if not waiter.done():
-                waiter.set_result(None)
-        self._pushed.clear()
+        for follower in list(self._pushed):
+            self._release(follower)
         self._wake()
 
     def trim(self, recorded: int) -> None:
@@ -115,11 +119,20 @@ class LiveStream:
         For observers that relay nothing (the status endpoint's ``?wait=``): unlike
         :meth:`follow`, waiting here does not count as a follower.
         """
+        await self._wait()
+
+    async def _wait(self, follower: int | None = None, push: Push | None = None) -> None:
+        """Until the next change, or with ``push``, until ``follower`` must take over."""
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if push is not None and follower is not None:
+            self._pushed[follower] = (push, waiter)
+        else:
+            self._waiters.append(waiter)
         try:
             await waiter
         finally:
+            if follower is not None:
+                self._pushed.pop(follower, None)
             if not waiter.done():
                 waiter.cancel()
 
@@ -162,15 +175,7 @@ class LiveStream:
                         raise ConnectionError("the upstream stream ended before completing")
                     return
                 else:
-                    waiter = asyncio.get_running_loop().create_future()
-                    if push is not None:
-                        self._pushed[follower] = (push, waiter)
-                    else:
-                        self._waiters.append(waiter)
-                    try:
-                        await waiter
-                    finally:
-                        self._pushed.pop(follower, None)
+                    await self._wait(follower, push)
                     position = positions[follower]  # pushes moved it on
                     continue
                 before = position
