@@ -40,7 +40,7 @@ Send = Callable[[Message], Awaitable[None]]
 BodyWriter = Callable[[bytes], bool]
 
 # The scope extension under which the gateway's own HTTP protocol offers a
-# BodyWriter (:mod:`payonce.gateway.protocol`). Under another server it is
+# BodyWriter (:mod:`payonce.gateway.transport`). Under another server it is
 # absent and every chunk goes through ``send``.
 WRITE_BODY = "payonce.write_body"
 
