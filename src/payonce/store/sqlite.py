@@ -60,6 +60,15 @@ from payonce.store.waiters import Waiters, wait_for_change
 
 __all__ = ["SQLiteStore"]
 
+# Python 3.11's sqlite3 binds int, float, str and bytearray parameters as they are,
+# but sends every bytes parameter (an event, a body) through its adaptation
+# protocol: a registry miss, then a lookup of ``__adapt__`` on the protocol type
+# that builds and discards a formatted AttributeError, about 1,450 instructions a
+# parameter (callgrind, 4 bytes parameters a statement: 38.4k -> 32.6k). A
+# registered adapter is found first; ``bytes`` returns an exact bytes object
+# itself. Process-wide, and the same values bound either way.
+sqlite3.register_adapter(bytes, bytes)
+
 SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS payonce_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
