@@ -1,4 +1,5 @@
-"""Real processes for gateway tests: one ``payonce sim`` per module, gateways per test."""
+"""Real processes for gateway tests: one ``payonce sim`` per module, gateways per test
+(or per module, with :func:`module_gateway`, where the tests share no state but their keys)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ def start_gateway(fresh_sim: Sim, tmp_path: Path) -> Iterator[GatewayFactory]:
     yield start
     for process in started:
         process.stop()
+
+
+def module_gateway(
+    sim: Sim, tmp_path_factory: pytest.TempPathFactory, *flags: str
+) -> Iterator[Process]:
+    """A gateway in front of the module's sim, for a module-scoped fixture to yield.
+
+    For tests that read only what their own keys did (each test its own key) and
+    the simulator's ledger (``fresh_sim`` empties it before each), and that leave
+    nothing running when they return: starting and stopping a gateway costs
+    1.5-3 s of a busy machine's time, more than most such tests take.
+    """
+    folder = tmp_path_factory.mktemp("gateway")
+    args = ["serve", "--upstream", sim.url, "--store", f"sqlite:///{folder}/payonce.db"]
+    process = start_payonce([*args, *flags], log_dir=folder, ready_path="/_payonce/health")
+    yield process
+    process.stop()
 
 
 @pytest.fixture

@@ -5,13 +5,23 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
+from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat, module_gateway
 from tests.support.processes import Process
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module (27 tests; 1.5-3 s a start saved each): every
+    test uses keys no other test does, counts only the simulator's ledger (emptied by
+    ``fresh_sim``) and has its answers before it returns. Tests that need flags or a
+    store of their own start their own gateway with ``start_gateway``."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def assert_problem(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ import orjson
 import pytest
 
 from payonce.sim.profiles import PROFILES
-from tests.gateway.conftest import AUTH, GatewayFactory, Sim
+from tests.gateway.conftest import AUTH, GatewayFactory, Sim, module_gateway
+from tests.support.processes import Process
 from tests.support.sse import read_stream
 from tests.support.waiting import wait_until
 
@@ -49,15 +51,23 @@ WIRES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def relay_gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One ``--no-otel`` gateway for the relay-and-replay tests of every profile: each
+    uses its own key and reads every stream to its end (17 gateway starts were most
+    of these tests' time). The tests that read metrics or a call log keep their own."""
+    yield from module_gateway(sim, tmp_path_factory, "--no-otel")
+
+
 def _text(chunks: list[Any]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 @pytest.mark.parametrize("wire", WIRES)
 def test_a_keyed_stream_from_every_openai_shaped_profile_is_relayed_and_replayed(
-    start_gateway: GatewayFactory, fresh_sim: Sim, wire: str
+    relay_gateway: Process, fresh_sim: Sim, wire: str
 ) -> None:
-    gateway = start_gateway("--no-otel")
+    gateway = relay_gateway
     key = f"wire-{uuid.uuid4()}"
     headers = {"X-Sim-Wire": wire, "X-Sim-Token-Ms": "0", "Idempotency-Key": key}
     raws, texts = [], []
@@ -78,9 +88,9 @@ def test_a_keyed_stream_from_every_openai_shaped_profile_is_relayed_and_replayed
 
 @pytest.mark.parametrize("wire", ["anthropic", "anthropic,crlf,no-final-blank"])
 def test_a_keyed_anthropic_stream_is_relayed_and_replayed(
-    start_gateway: GatewayFactory, fresh_sim: Sim, wire: str
+    relay_gateway: Process, fresh_sim: Sim, wire: str
 ) -> None:
-    gateway = start_gateway("--no-otel")
+    gateway = relay_gateway
     headers = {"X-Sim-Wire": wire, "X-Sim-Token-Ms": "0", "Idempotency-Key": str(uuid.uuid4())}
     texts = []
     with anthropic.Anthropic(
