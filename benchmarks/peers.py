@@ -721,9 +721,8 @@ def percentile(values: Sequence[float], share: float) -> float | None:
 
 def run_load(job: dict[str, Any], workdir: Path, processes: int = 1) -> list[dict[str, Any]]:
     """Run ``peers_load.py`` on the load core, split over ``processes``; their documents."""
-    children = []
+    shares = []
     for part in range(processes):
-        spec = workdir / f"load-{secrets.token_hex(4)}.json"
         share = dict(job)
         if "count" in job and processes > 1:
             share["count"] = job["count"] // processes + (part < job["count"] % processes)
@@ -731,9 +730,20 @@ def run_load(job: dict[str, Any], workdir: Path, processes: int = 1) -> list[dic
             if job.get("control_count"):
                 extra = int(job["control_count"])
                 share["control_count"] = extra // processes + (part < extra % processes)
-        spec.write_text(json.dumps(share))
+        shares.append(share)
+    return run_jobs(shares, workdir)
+
+
+def run_jobs(
+    jobs: list[dict[str, Any]], workdir: Path, *, pin: bool = True
+) -> list[dict[str, Any]]:
+    """Run one ``peers_load.py`` per job at once (on the load core if ``pin``); their documents."""
+    children = []
+    for job in jobs:
+        spec = workdir / f"load-{secrets.token_hex(4)}.json"
+        spec.write_text(json.dumps(job))
         command = [sys.executable, str(HERE / "peers_load.py"), str(spec)]
-        if (os.cpu_count() or 1) >= 2:
+        if pin and (os.cpu_count() or 1) >= 2:
             command = ["taskset", "-c", str(LOAD_CORE), *command]
         children.append(
             subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)

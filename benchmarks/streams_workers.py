@@ -40,6 +40,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from gateway_overhead import cpu_us  # noqa: E402
+from peers import run_jobs  # noqa: E402
 
 
 def _port() -> int:
@@ -93,28 +94,6 @@ def _jobs(url: str, keyed: bool, options: argparse.Namespace) -> list[dict[str, 
             }
         )
     return jobs
-
-
-def _run(jobs: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
-    children = []
-    for number, job in enumerate(jobs):
-        spec = work / f"load-{number}-{uuid.uuid4().hex[:6]}.json"
-        spec.write_text(json.dumps(job))
-        children.append(
-            subprocess.Popen(
-                [sys.executable, str(HERE / "peers_load.py"), str(spec)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=ROOT,
-            )
-        )
-    documents = []
-    for child in children:
-        out, err = child.communicate(timeout=3600)
-        if child.returncode != 0:
-            raise RuntimeError(f"load generator failed:\n{err.decode(errors='replace')[-3000:]}")
-        documents.append(json.loads(out))
-    return documents
 
 
 def _row(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,11 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         _ready(gateway_url + "/_payonce/health", gateway)
         gateway_cpu, redis_cpu = cpu_us(gateway.pid), cpu_us(redis.pid)
-        payonce = _row(_run(_jobs(gateway_url, True, options), work))
+        payonce = _row(run_jobs(_jobs(gateway_url, True, options), work, pin=False))
         events = max(1, payonce["events"])
         payonce["gateway_cpu_us_per_event"] = (cpu_us(gateway.pid) - gateway_cpu) / events
         payonce["redis_cpu_us_per_event"] = (cpu_us(redis.pid) - redis_cpu) / events
-        direct = _row(_run(_jobs(sim_url, False, options), work))
+        direct = _row(run_jobs(_jobs(sim_url, False, options), work, pin=False))
     finally:
         for process in reversed(processes):
             process.terminate()

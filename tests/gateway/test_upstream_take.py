@@ -28,6 +28,8 @@ class _Upstream:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: list[tuple[asyncio.Task[None], asyncio.StreamWriter]] = []
+        # Each connection's writer once its response head is written, in order.
+        self.writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -42,6 +44,7 @@ class _Upstream:
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
         )
+        self.writers.append(writer)
         while (chunks := await self.chunks.get()) is not None:
             # Chunks sent together are one write: they reach the gateway in one read.
             writer.write(b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks))
@@ -98,30 +101,50 @@ async def test_the_reader_gets_what_take_left_in_order_and_take_waits_for_it(
 
     def take(chunk: bytes) -> bool:
         offered.append(chunk)
-        if chunk == b"two":
+        if chunk.startswith(b"two"):
             return False  # as a write to a slow client is refused
         taken.append(chunk)
         return True
 
     upstream.send(b"one")
-    # "three" comes in the same read as "two", which take leaves: it must not be
-    # taken past "two", so both go to the reader.
+    reading = asyncio.create_task(connection.read_some(5, take))
+    await _until(lambda: taken == [b"one"])
+    # "two" and "three" come in one read: offered together, left together, they
+    # both go to the reader.
     upstream.send(b"two", b"three")
-    assert await connection.read_some(5, take) == b"twothree"
+    assert await reading == b"twothree"
     assert taken == [b"one"]
     # While the reader has them (relaying them to the slow client), "four" arrives:
-    # not taken either, since the reader has not come back for more.
+    # not taken, since the reader has not come back for more.
     upstream.send(b"four")
     await _until(lambda: connection._buffered > 0)
-    assert offered == [b"one", b"two"], "take was offered a chunk while the reader had one"
+    assert offered == [b"one", b"twothree"], "take was offered bytes while the reader had some"
     assert await connection.read_some(5, take) == b"four"
     # The reader is back and waiting: take has the next ones again.
     upstream.send(b"five")
     upstream.send(b"six")
     upstream.send()
     assert await connection.read_some(5, take) == b""
-    assert taken == [b"one", b"five", b"six"]
+    assert b"".join(taken) == b"onefivesix"
     assert connection.reusable
+    connection.close()
+
+
+async def test_the_chunks_of_one_read_are_offered_in_one_call(upstream: _Upstream) -> None:
+    # A process that was off its core finds many chunks per socket: one split, one
+    # push and one client write for them all, as the reader's loop did.
+    connection = await _open(upstream)
+    offered: list[bytes] = []
+
+    def take(chunk: bytes) -> bool:
+        offered.append(chunk)
+        return True
+
+    chunks = [b"<%d>" % n for n in range(100)]
+    upstream.send(*chunks)  # one write: one read
+    upstream.send()
+    assert await connection.read_some(5, take) == b""
+    assert offered == [b"".join(chunks)]
     connection.close()
 
 
@@ -170,26 +193,44 @@ async def test_the_read_timeout_counts_from_the_last_bytes_taken(upstream: _Upst
     connection.close()
 
 
-async def test_at_most_so_many_chunks_a_turn_are_taken_and_the_rest_wait_in_order(
+async def test_at_most_so_many_reads_a_turn_are_taken_and_the_rest_wait(
     upstream: _Upstream,
 ) -> None:
     # A loop with more to read than it can handle must still run its timers and
-    # tasks: past TAKEN_PER_TURN chunks in one turn, the rest go to their readers.
-    connection = await _open(upstream)
+    # tasks: past TAKEN_PER_TURN reads in one turn (all the pool's connections
+    # together), the rest go to their readers.
+    count = TAKEN_PER_TURN + 6
+    pool = Pool("127.0.0.1", upstream.port, tls=False, connect_timeout=5)
+    connections = [await pool.acquire() for _ in range(count)]
+    for connection in connections:
+        connection.send(request_head("GET", b"/stream", b"127.0.0.1", [], b""), b"", False)
+    await _until(lambda: len(upstream.writers) == count)
+    for connection in connections:
+        await connection.read_head(5)
     taken: list[bytes] = []
 
     def take(chunk: bytes) -> bool:
         taken.append(chunk)
         return True
 
-    chunks = [b"<%d>" % n for n in range(TAKEN_PER_TURN + 36)]
-    upstream.send(*chunks)  # one write: one read, one turn of the loop
-    rest = await connection.read_some(5, take)
-    assert taken == chunks[:TAKEN_PER_TURN]
-    assert rest == b"".join(chunks[TAKEN_PER_TURN:])
-    # The next turn's chunks are taken again.
-    upstream.send(b"next")
-    upstream.send()
-    assert await connection.read_some(5, take) == b""
-    assert taken[-1] == b"next"
-    connection.close()
+    readers = [asyncio.create_task(c.read_some(5, take)) for c in connections]
+    await asyncio.sleep(0.05)  # every reader waiting
+    # One chunk to every connection in one step of this loop: all of them are
+    # readable at the next poll, and read in one turn.
+    for n, writer in enumerate(upstream.writers):
+        writer.write(b"%x\r\n<%d>\r\n" % (len(b"<%d>" % n), n))
+    # A reader whose chunk was taken goes on waiting; one whose chunk was left returns it.
+    await _until(lambda: len(taken) + sum(reader.done() for reader in readers) == count)
+    assert len(taken) == TAKEN_PER_TURN
+    left = [reader.result() for reader in readers if reader.done()]
+    assert len(left) == count - TAKEN_PER_TURN
+    assert sorted(taken + left) == sorted(b"<%d>" % n for n in range(count))
+    # The next turn's reads are taken again.
+    waiting = next(n for n, reader in enumerate(readers) if not reader.done())
+    upstream.writers[waiting].write(b"4\r\nnext\r\n")
+    await _until(lambda: taken[-1] == b"next")
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    for connection in connections:
+        connection.close()

@@ -310,7 +310,7 @@ def is_json(content_type: bytes | None) -> bool:
     """
     if content_type is None or content_type == b"application/json":
         return True
-    return b"json" in content_type.split(b";", 1)[0].lower()
+    return content_type.split(b";", 1)[0].lower().find(b"json") >= 0  # not ``in``: sse.py
 
 
 def fingerprint(method: str, path: str, body: bytes, content_type: bytes | None) -> str:

@@ -338,7 +338,7 @@ async def _relay_and_settle(
                 facts.not_stored = "too_large"
 
     def take_now(chunk: bytes) -> bool:
-        # As the chunk arrives, in the upstream connection's callback: the events
+        # As the bytes arrive, in the upstream connection's callback: the events
         # go to the followers that keep up and to the recorder without this task
         # waking, unless the recorder is full (then the loop below waits for room).
         if recorder.full:
@@ -349,7 +349,7 @@ async def _relay_and_settle(
     try:
         async for chunk in response.chunks(take_now):
             await recorder.wait_for_room()
-            take(splitter.feed(chunk))
+            take_now(chunk)  # not full now: it takes the chunk
         take(splitter.close())
     except ProblemError as exc:
         log.warning("the upstream stream of key %r broke off: %s", lease.key, exc.detail)

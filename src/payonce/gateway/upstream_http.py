@@ -49,8 +49,8 @@ MAX_IDLE = 100
 # over 8 KiB); the connection is dropped as broken.
 _MAX_HEAD_BYTES = 256 * 1024
 _BODILESS_STATUSES = (204, 304)
-# Chunks taken in connections' callbacks per turn of the event loop (all the
-# pool's connections together); past it, the rest of the turn's chunks wait for
+# Reads taken in connections' callbacks per turn of the event loop (all the
+# pool's connections together); past it, the rest of the turn's reads wait for
 # their readers, as without ``take``. A loop with more to read than it can
 # handle runs its I/O callbacks back to back (libuv polls again at once while
 # its poll returns a full batch): relaying every chunk there starved the timers
@@ -96,6 +96,8 @@ class Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._buffered = 0
         self._take: Take | None = None
+        # The body bytes of the read being parsed, while ``take`` waits for them.
+        self._gathered: list[bytes] | None = None
         self.take_error: Exception | None = None
 
     # -- the request -----------------------------------------------------------------------
@@ -133,7 +135,8 @@ class Connection(asyncio.Protocol):
         first, in the connection's own callback, and what it takes is not
         returned: a relay that can write a chunk at once does so without this
         task waking (a future, a timer, a task step and an async generator's
-        step per chunk, at token rate most of an unkeyed event's cost). ``take``
+        step per chunk, at token rate most of an unkeyed event's cost). The body
+        bytes of one socket read are offered together, in one call. ``take``
         is offered bytes only while nothing waits for this reader, and not
         again, once it has left some, until this reader has them: the order of
         the bytes is kept. What ``take`` raises is raised here, and ends the
@@ -235,12 +238,44 @@ class Connection(asyncio.Protocol):
                 self._fail(ConnectionError("the upstream's response head is too large"))
                 self.close()
                 return
+        take = self._take
+        if take is not None:
+            # The read's body bytes are gathered and offered to ``take`` once, after
+            # the parser: a read holding many chunks (a process that was off its
+            # core finds several per socket) is one split, one push, one client
+            # write, as the reader's loop made it, not one of each per chunk.
+            self._gathered = []
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             # Bytes with no request outstanding land here too (a reply to nothing).
+            # The body bytes before the error are the reader's, or ``take``'s, first.
+            self._offer(take)
             self._fail(ConnectionError(f"the upstream's response is not valid HTTP/1.1: {exc}"))
             self.close()
+            return
+        self._offer(take)
+
+    def _offer(self, take: Take | None) -> None:
+        gathered = self._gathered
+        if take is None or gathered is None:
+            return
+        self._gathered = None
+        if not gathered:
+            return
+        body = gathered[0] if len(gathered) == 1 else b"".join(gathered)
+        if self._take is take and self._pool.may_take():
+            self._mark = self._loop.time()
+            try:
+                if take(body):
+                    return
+            except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
+                self.take_error = exc
+                self._take = None
+                self._wake()
+                return
+        self._take = None  # the reader has these first, then the next
+        self._keep(body)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -276,19 +311,14 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._head_only:
             return
-        take = self._take
-        if take is not None:  # set only while the reader waits with nothing buffered
-            if self._pool.may_take():
-                self._mark = self._loop.time()
-                try:
-                    if take(body):
-                        return
-                except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
-                    self.take_error = exc
-                    self._take = None
-                    self._wake()
-                    return
-            self._take = None  # the reader has these first, then the next
+        gathered = self._gathered
+        if gathered is not None:  # a read offered to ``take`` once parsed
+            gathered.append(body)
+            return
+        self._keep(body)
+
+    def _keep(self, body: bytes) -> None:
+        """Hold ``body`` for the reader."""
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -332,7 +362,7 @@ class Pool:
         self._takes_left = TAKEN_PER_TURN
 
     def may_take(self) -> bool:
-        """Whether a connection may hand one more chunk to its ``take`` this turn."""
+        """Whether a connection may offer one more read to its ``take`` this turn."""
         left = self._takes_left
         if left == TAKEN_PER_TURN:  # the turn's first: the count starts over after it
             self.loop.call_soon(self._new_turn)
