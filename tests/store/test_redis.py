@@ -13,6 +13,7 @@ import pytest
 from payonce.clock import ManualClock, SystemClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store import (
+    Appended,
     ClaimStatus,
     Record,
     RecordState,
@@ -386,7 +387,7 @@ async def test_appends_in_separate_turns_go_to_redis_together(
     for i in range(20):
         assert await redis_store.read_events("t", f"k{i}") == [f"e{i}".encode()]
     stale = await redis_store.append_events("t", "k0", "stale-token", 2, [b"x"])
-    assert stale is False  # a deferred append still checks the token
+    assert stale is Appended.LOST  # a deferred append still checks the token
 
 
 async def test_a_claim_run_twice_after_a_lost_reply_is_still_acquired(

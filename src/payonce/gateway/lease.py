@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from payonce.clock import Clock
 from payonce.errors import StorageError
 from payonce.gateway.pending import PendingWrites
-from payonce.store import Record, Store, StoredResponse, held_expiry
+from payonce.store import Appended, Record, Store, StoredResponse, held_expiry
 
 __all__ = ["Lease"]
 
@@ -106,7 +106,7 @@ class Lease:
         """Record the head of the stream this run relays (:meth:`Store.begin_stream`)."""
         return await self.store.begin_stream(self.tenant, self.key, self.token, status, headers)
 
-    async def append(self, first: int, events: Sequence[bytes]) -> bool:
+    async def append(self, first: int, events: Sequence[bytes]) -> Appended:
         """Record events numbered ``first``, ``first + 1``, ... (:meth:`Store.append_events`)."""
         return await self.store.append_events(self.tenant, self.key, self.token, first, events)
 

@@ -30,12 +30,13 @@ from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.observe.pricing import priced_call
-from payonce.store import StoredResponse
+from payonce.store import Appended, StoredResponse
 
 __all__ = [
     "FLUSH_EVENTS",
     "FLUSH_SECONDS",
     "MAX_BACKLOG",
+    "QUIET_SECONDS",
     "RETRY_SECONDS",
     "record_stream",
 ]
@@ -44,6 +45,14 @@ log = logging.getLogger("payonce.gateway")
 
 FLUSH_EVENTS = 64
 FLUSH_SECONDS = 0.05
+# A stream no follower in another process reads (store.Appended) is written in
+# larger batches: most of a keyed event's cost at token rate was its share of a
+# write, which costs about as much for one event as for ten (benchmarks/NOTEBOOK.md,
+# "Streams written quietly"). Its events are in the store at most this late; a
+# follower that comes meanwhile marks the record and the next write says so.
+QUIET_SECONDS = 0.25
+QUIET_EVENTS = 256
+QUIET_BYTES = 256 * 1024  # either way: a large event (an image) is written at once
 # While the store cannot take a stream's events: how often they are written again,
 # and at most how many bytes of them wait in memory (docs/gateway.md, "Store outages").
 RETRY_SECONDS = 0.25
@@ -79,7 +88,10 @@ class _Recorder:
         self.too_large = False
         self.unavailable = False  # gave up: the store was down past the bound
         self._loop = asyncio.get_running_loop()
-        self._last_flush = self._loop.time()
+        # A follower in another process reads this run's events from the store:
+        # they are written every FLUSH_SECONDS, not every QUIET_SECONDS.
+        self.watched = False
+        self._due: asyncio.TimerHandle | None = None  # the next write, when it is timed
         self._head: tuple[int, tuple[tuple[str, str], ...]] | None = None
         self._begun = False
         # When the first write of the current outage failed (None: no outage).
@@ -121,14 +133,22 @@ class _Recorder:
             if self.backlog_bytes > MAX_BACKLOG:
                 self._give_up(f"{MAX_BACKLOG >> 20} MiB of events waited for it")
             return  # the writer retries on its own schedule
-        now = self._loop.time()
-        if (
-            len(self.backlog) >= FLUSH_EVENTS
-            or now - self._last_flush >= FLUSH_SECONDS
-            or self.backlog_bytes > MAX_BACKLOG
-        ):
-            self._last_flush = now
-            self._wake.set()
+        if self.watched:
+            events_cap, bytes_cap, seconds = FLUSH_EVENTS, QUIET_BYTES, FLUSH_SECONDS
+        else:
+            events_cap, bytes_cap, seconds = QUIET_EVENTS, QUIET_BYTES, QUIET_SECONDS
+        if len(self.backlog) >= events_cap or self.backlog_bytes > bytes_cap:
+            self._flush()
+        elif self._due is None:
+            # The oldest event not yet written waits at most this long, whether or
+            # not another follows it (a stream may pause for seconds mid-answer).
+            self._due = self._loop.call_later(seconds, self._flush)
+
+    def _flush(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        self._wake.set()
 
     @property
     def full(self) -> bool:
@@ -151,18 +171,24 @@ class _Recorder:
     async def finish(self) -> None:
         """Write what is left, waiting out an outage within the bound; then stop."""
         self._closing = True
-        self._wake.set()
+        self._flush()
         if self._writer is not None:
             await asyncio.shield(self._writer)
 
     def cancel(self) -> None:
         """Stop writing at once (the stream broke off, or its run was cancelled)."""
         self.ok = False
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         if self._writer is not None:
             self._writer.cancel()
 
     def _stop(self) -> None:
         self.ok = False
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         self.backlog.clear()
         self.backlog_bytes = 0
         self._wake.set()
@@ -211,9 +237,15 @@ class _Recorder:
                     return
                 self._begun = True
             batch = list(self.backlog)
-            if batch and not await self.lease.append(self.recorded + 1, batch):
-                self._lost()
-                return
+            if batch:
+                appended = await self.lease.append(self.recorded + 1, batch)
+                if not appended:
+                    self._lost()
+                    return
+                if appended is Appended.WATCHED and not self.watched:
+                    self.watched = True  # and stays so: the follower reads on
+                    if self._due is not None:
+                        self._flush()  # what came meanwhile goes now, not at the quiet timer
             if self._failing_since is not None:
                 await self._answering_again()
                 if self._failing_since is not None:

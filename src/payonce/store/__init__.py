@@ -8,6 +8,7 @@ from urllib.parse import parse_qs
 from payonce.clock import Clock
 from payonce.errors import ConfigError
 from payonce.store.base import (
+    Appended,
     Claim,
     ClaimStatus,
     Record,
@@ -25,6 +26,7 @@ from payonce.store.sealing import PLAIN, Codec, Sealing
 from payonce.store.sqlite import SQLiteStore
 
 __all__ = [
+    "Appended",
     "Claim",
     "ClaimStatus",
     "Codec",

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "Appended",
     "Claim",
     "ClaimStatus",
     "Record",
@@ -82,6 +83,22 @@ def held_expiry(lease_end: float, lease: float, expires_at: float = -math.inf) -
 class RecordState(enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
+
+
+class Appended(enum.IntEnum):
+    """What :meth:`Store.append_events` did; false only when nothing was written.
+
+    ``WATCHED`` tells the writer that a follower in another process (another
+    worker, another replica) reads this run's events from the store, so they
+    should be written often (every 50 ms) rather than now and then: a stream
+    nobody else follows is written in larger batches (gateway/recording.py).
+    A store learns it from the follower's own mark (SQLite, PostgreSQL) or from
+    its notification's receivers (Redis). Once a run is watched it stays so.
+    """
+
+    LOST = 0  # the key is no longer held by this token: nothing written
+    WRITTEN = 1
+    WATCHED = 2  # written, and a follower in another process waits for more
 
 
 class ClaimStatus(enum.Enum):
@@ -198,8 +215,12 @@ class Store(Protocol):
 
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> bool:
-        """Record events numbered ``first``, ``first + 1``, ... (numbers start at 1)."""
+    ) -> Appended:
+        """Record events numbered ``first``, ``first + 1``, ... (numbers start at 1).
+
+        ``Appended.LOST`` (false) when the key is no longer held by ``token``;
+        ``WATCHED`` when a follower in another process is known to read them.
+        """
         ...
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from payonce.clock import Clock, SystemClock
 from payonce.store.base import (
+    Appended,
     Claim,
     ClaimStatus,
     Record,
@@ -140,16 +141,16 @@ class MemoryStore:
 
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> bool:
+    ) -> Appended:
         record = self._held(tenant, key, token)
         if record is None:
-            return False
+            return Appended.LOST
         recorded = self._events.setdefault((tenant, key), [])
         del recorded[first - 1 :]
         recorded.extend(events)
         self._records[(tenant, key)] = dataclasses.replace(record, events=len(recorded))
         self._waiters.notify(f"{tenant}\x00{key}")
-        return True
+        return Appended.WRITTEN  # one process: its followers read the stream live
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         if self._live(tenant, key) is None:

@@ -44,6 +44,7 @@ import orjson
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store.base import (
+    Appended,
     Claim,
     ClaimStatus,
     Record,
@@ -107,6 +108,16 @@ _MIGRATE_FROM_1 = """
 ALTER TABLE payonce_records ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE payonce_records ADD COLUMN events INTEGER NOT NULL DEFAULT 0;
 """
+# Set by a follower in another process that waits on a stream's record: its
+# writer then writes every 50 ms, not now and then (store.Appended.WATCHED).
+_ADD_WATCHED = "ALTER TABLE payonce_records ADD COLUMN watched INTEGER NOT NULL DEFAULT 0"
+_WATCH = (
+    "UPDATE payonce_records SET watched = 1 WHERE tenant = ? AND key = ? AND token = ?"
+    " AND state = 'in_progress' AND watched = 0"
+)
+_WATCHED = "SELECT watched FROM payonce_records WHERE tenant = ? AND key = ?"
+# How many marks a process remembers having made (one per run it followed).
+_MARKS_KEPT = 10_000
 # A record's event count is read from its events (the last one's number: they are
 # numbered from 1, and a new holder's stream starts after the old one's are
 # deleted), not kept in payonce_records.events: updating the record beside every
@@ -131,7 +142,8 @@ ON CONFLICT (tenant, key) DO UPDATE SET
     fingerprint = excluded.fingerprint, state = 'in_progress', token = excluded.token,
     created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at, completed_at = NULL, status = NULL, headers = NULL,
-    body = NULL, replays = 0, usage = NULL, cost_usd = NULL, stream = 0, events = 0
+    body = NULL, replays = 0, usage = NULL, cost_usd = NULL, stream = 0, events = 0,
+    watched = 0
 WHERE (payonce_records.expires_at <= ?5
        AND NOT (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at > ?5))
    OR (payonce_records.state = 'in_progress' AND payonce_records.lease_expires_at <= ?5
@@ -187,6 +199,7 @@ class SQLiteStore:
         self._codec = codec
         self._waiters = Waiters()
         self._poll_interval = poll_interval
+        self._marked: set[tuple[str, str, str]] = set()  # runs this process marked watched
         self._busy_timeout = busy_timeout
         if path != ":memory:":
             parent = Path(path).expanduser().resolve().parent
@@ -213,6 +226,7 @@ class SQLiteStore:
                 )
                 row = (str(SCHEMA_VERSION),)
             self._db.executescript(_SCHEMA)
+            self._add_watched_column()
         except sqlite3.DatabaseError as exc:
             raise ConfigError(
                 f"--store: cannot use {path} as a payonce SQLite store: {exc}"
@@ -239,6 +253,18 @@ class SQLiteStore:
             self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             self._checkpointer = Checkpointer(path, hold=hold)
             self._checkpointer.start()
+
+    def _add_watched_column(self) -> None:
+        # Added where missing, without a new schema version: an earlier payonce
+        # on the same file ignores the column (its recorders write often anyway).
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(payonce_records)")}
+        if "watched" in columns:
+            return
+        try:
+            self._db.execute(_ADD_WATCHED)
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):  # another process added it first
+                raise
 
     def _has_meta(self) -> bool:
         return (
@@ -398,7 +424,7 @@ class SQLiteStore:
 
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> bool:
+    ) -> Appended:
         now = self._clock.now()
         # One statement for the whole batch, and it checks the token itself: a
         # writer whose lease passed to another holder must not add to the new
@@ -414,10 +440,11 @@ class SQLiteStore:
             (tenant, key, *values, tenant, key, token, now),
             deferred=True,  # followers here got the events live; this is for the rest
         )
-        if inserted:
-            self._waiters.notify(f"{tenant}\x00{key}")
-            return True
-        return False
+        if not inserted:
+            return Appended.LOST
+        self._waiters.notify(f"{tenant}\x00{key}")
+        row = await self._read(_WATCHED, (tenant, key), one=True)
+        return Appended.WATCHED if row is not None and row[0] else Appended.WRITTEN
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         rows = await self._read(
@@ -453,6 +480,7 @@ class SQLiteStore:
         # Writers in this process wake us at once; writers in other processes
         # (``serve --workers``) are seen by polling, at most poll_interval late.
         name = f"{tenant}\x00{key}"
+        await self._mark_watched(tenant, key)
         return await wait_for_change(
             lambda: self.get(tenant, key),
             lambda step: self._waiters.wait(name, step),
@@ -460,6 +488,27 @@ class SQLiteStore:
             self._clock,
             timeout,
         )
+
+    async def _mark_watched(self, tenant: str, key: str) -> None:
+        """Tell a stream's writer, through its record, that a follower waits on it.
+
+        Once per run and process: a follower waits again after every batch it reads.
+        """
+        record = await self.get(tenant, key)
+        if (
+            record is None
+            or record.state is not RecordState.IN_PROGRESS
+            or record.response is None
+            or not record.response.stream  # a call that is no stream is written once
+        ):
+            return
+        mark = (tenant, key, record.token)
+        if mark in self._marked:
+            return
+        if len(self._marked) >= _MARKS_KEPT:
+            self._marked.clear()
+        self._marked.add(mark)
+        await self._write(_WATCH, mark)
 
     async def purge_expired(self, limit: int | None = None) -> int:
         # Chunk by chunk, each through the group commit (so a lock is waited out

@@ -38,6 +38,7 @@ import orjson
 from payonce.clock import Clock, SystemClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store.base import (
+    Appended,
     Claim,
     ClaimStatus,
     Record,
@@ -555,16 +556,16 @@ class PostgresStore:
 
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> bool:
+    ) -> Appended:
         if not events:
-            return await self._held(tenant, key, token)
+            return Appended.WRITTEN if await self._held(tenant, key, token) else Appended.LOST
         data = list(self._codec.events_out(tenant, key, first, events))
         numbers = list(range(first, first + len(data)))
         row = await self._fetchrow(_APPEND, tenant, key, token, self._clock.now(), numbers, data)
         if row[0] > 0:
             self._notifier.changed(tenant, key, others=row[1])
-            return True
-        return False
+            return Appended.WATCHED if row[1] else Appended.WRITTEN
+        return Appended.LOST
 
     async def _held(self, tenant: str, key: str, token: str) -> bool:
         row = await self._fetchrow(

@@ -231,7 +231,9 @@ return 1
 # ARGV[3] - notification channel, ARGV[4] - 'PUBLISH' or 'SPUBLISH'
 # ARGV[5] - number of the first event (from 1); events from it on are replaced
 # ARGV[6], ARGV[7], ... - the events
-# Returns 1 when recorded (and publishes 'events'), 0 when not held. The list
+# Returns 1 when recorded (and publishes 'events'), 0 when not held, 2 when
+# recorded and the notification had receivers: a follower somewhere waits on the
+# record (store.Appended.WATCHED; the writer then writes more often). The list
 # expires with its record (same PTTL).
 APPEND_EVENTS = Script(
     "append_events",
@@ -251,7 +253,7 @@ end
 redis.call('HSET', KEYS[1], 'events', redis.call('LLEN', KEYS[2]))
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call(ARGV[4], ARGV[3], 'events')
+if redis.call(ARGV[4], ARGV[3], 'events') > 0 then return 2 end
 return 1
 """,
 )

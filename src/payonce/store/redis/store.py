@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from payonce.clock import Clock, SystemClock
 from payonce.errors import StorageError, StorageTimeout
 from payonce.store.base import (
+    Appended,
     Claim,
     ClaimStatus,
     Record,
@@ -330,7 +331,7 @@ class RedisStore:
 
     async def append_events(
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
-    ) -> bool:
+    ) -> Appended:
         keys = self.keys(tenant, key)
         now = repr(self._clock.now())
         stored = self._codec.events_out(tenant, key, first, events)
@@ -345,7 +346,7 @@ class RedisStore:
             *stored,
             deferred=True,  # followers here got the events live; this is for the rest
         )
-        return bool(added)
+        return Appended(int(added))  # 2: the notification had receivers (scripts.py)
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         keys = self.keys(tenant, key)

@@ -1,0 +1,145 @@
+"""A stream's writer learns from its writes whether a follower elsewhere reads them.
+
+Two stores on one backend stand for two processes (two workers, two replicas):
+the owner appends, the follower waits on the record as a gateway relaying a
+stream another process records does. Until the follower comes, appends answer
+``WRITTEN`` and the gateway writes the stream now and then; once it waits,
+``WATCHED``, and the gateway writes every 50 ms (gateway/recording.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from payonce.clock import ManualClock
+from payonce.store import Appended, MemoryStore, SQLiteStore, Store
+from payonce.store.postgres import PostgresStore
+from payonce.store.redis import RedisStore
+from tests.store.conftest import empty_postgres
+from tests.support.postgres import Postgres
+from tests.support.redis import RedisCluster, RedisServer
+
+LEASE, TTL = 30.0, 3600.0
+HEAD = (("content-type", "text/event-stream"),)
+
+Pair = tuple[Store, Store]
+
+
+@pytest.fixture(params=("sqlite", "redis", "redis-cluster", "postgres"))
+async def pair(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Pair]:
+    """Two stores on one backend: the owner's process and a follower's."""
+    make: Callable[[], Store]
+    if request.param == "sqlite":
+        path = str(tmp_path / "shared.db")
+
+        def make() -> Store:
+            return SQLiteStore(path, clock, poll_interval=0.02)
+
+    elif request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        server.flush()
+
+        def make() -> Store:
+            return RedisStore(server.url, clock)
+
+    elif request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+
+        def make() -> Store:
+            return RedisStore(cluster.url, clock)
+
+    else:
+        pg: Postgres = request.getfixturevalue("postgres_server")
+        empty_postgres(pg)
+
+        def make() -> Store:
+            return PostgresStore(pg.url, clock, poll_interval=0.02)
+
+    owner, follower = make(), make()
+    yield owner, follower
+    await owner.close()
+    await follower.close()
+
+
+async def _running_stream(store: Store, key: str = "k") -> str:
+    claim = await store.claim("t", key, "fp", lease=LEASE, ttl=TTL)
+    token = claim.record.token
+    assert await store.begin_stream("t", key, token, 200, HEAD)
+    return token
+
+
+async def _appended_until_watched(store: Store, token: str, first: int) -> Appended:
+    # The follower's mark (or subscription) lands a moment after its wait began:
+    # append, as the writer would, until an append says so (or give up after 10 s).
+    appended = Appended.LOST
+    for number in range(first, first + 200):
+        appended = await store.append_events("t", "k", token, number, [b"data: %d\n\n" % number])
+        if appended is Appended.WATCHED:
+            break
+        await asyncio.sleep(0.05)
+    return appended
+
+
+async def test_appends_say_watched_once_a_follower_elsewhere_waits(pair: Pair) -> None:
+    owner, follower = pair
+    token = await _running_stream(owner)
+    assert await owner.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
+    waiting = asyncio.create_task(follower.wait("t", "k", 30))
+    try:
+        assert await _appended_until_watched(owner, token, 2) is Appended.WATCHED
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    # What the follower waits for is all there, in order, whatever the cadence.
+    events = await follower.read_events("t", "k")
+    assert events == [b"data: %d\n\n" % n for n in range(1, len(events) + 1)]
+
+
+async def test_a_lost_key_is_still_lost_for_a_watched_stream(pair: Pair) -> None:
+    owner, follower = pair
+    token = await _running_stream(owner)
+    waiting = asyncio.create_task(follower.wait("t", "k", 30))
+    try:
+        assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    assert await owner.release("t", "k", token)
+    lost = await owner.append_events("t", "k", token, 9, [b"data: late\n\n"])
+    assert lost is Appended.LOST and not lost
+
+
+# Redis has no mark to clear: it counts the receivers of each notification.
+@pytest.mark.parametrize("pair", ["sqlite", "postgres"], indirect=True)
+async def test_a_new_run_of_the_key_starts_unwatched(pair: Pair) -> None:
+    owner, follower = pair
+    token = await _running_stream(owner)
+    waiting = asyncio.create_task(follower.wait("t", "k", 30))
+    try:
+        assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+    assert await owner.release("t", "k", token)
+    again = await _running_stream(owner)
+    assert await owner.append_events("t", "k", again, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
+
+
+async def test_a_store_in_one_process_never_says_watched(clock: ManualClock) -> None:
+    store = MemoryStore(clock)
+    token = await _running_stream(store)
+    waiting = asyncio.create_task(store.wait("t", "k", 30))
+    await asyncio.sleep(0)
+    assert await store.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
+    await waiting
