@@ -92,6 +92,7 @@ class _Recorder:
         # they are written every FLUSH_SECONDS, not every QUIET_SECONDS.
         self.watched = False
         self._due: asyncio.TimerHandle | None = None  # the next write, when it is timed
+        self._last_flush = self._loop.time()
         self._head: tuple[int, tuple[tuple[str, str], ...]] | None = None
         self._begun = False
         # When the first write of the current outage failed (None: no outage).
@@ -137,17 +138,25 @@ class _Recorder:
             events_cap, bytes_cap, seconds = FLUSH_EVENTS, QUIET_BYTES, FLUSH_SECONDS
         else:
             events_cap, bytes_cap, seconds = QUIET_EVENTS, QUIET_BYTES, QUIET_SECONDS
-        if len(self.backlog) >= events_cap or self.backlog_bytes > bytes_cap:
-            self._flush()
-        elif self._due is None:
-            # The oldest event not yet written waits at most this long, whether or
-            # not another follows it (a stream may pause for seconds mid-answer).
-            self._due = self._loop.call_later(seconds, self._flush)
+        if (
+            self._due is not None
+            and len(self.backlog) < events_cap
+            and self.backlog_bytes <= bytes_cap
+        ):
+            return  # a write is timed already
+        wait = self._last_flush + seconds - self._loop.time()
+        if wait <= 0 or len(self.backlog) >= events_cap or self.backlog_bytes > bytes_cap:
+            self._flush()  # sparse events go at once, as they come
+        else:
+            # Not yet: the write is timed, so the events before a pause (a model
+            # thinking for seconds mid-answer) do not wait for the next event.
+            self._due = self._loop.call_later(wait, self._flush)
 
     def _flush(self) -> None:
         if self._due is not None:
             self._due.cancel()
             self._due = None
+        self._last_flush = self._loop.time()
         self._wake.set()
 
     @property
