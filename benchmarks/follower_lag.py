@@ -89,7 +89,7 @@ def measure(store: str, src: Path, options: argparse.Namespace) -> dict[str, lis
         processes.append(process)
         return process
 
-    lags: dict[str, list[float]] = {"join": [], "after": []}
+    lags: dict[str, list[float]] = {"join": [], "after": [], "missing": []}
     try:
         if store == "redis":
             redis_port = _port()
@@ -130,6 +130,8 @@ def measure(store: str, src: Path, options: argparse.Namespace) -> dict[str, lis
             joined = time.monotonic()
             _stream(ports[1], key, options.tokens, token_ms, second)
             owner.join()
+            # Every event the first client got, the follower got too (by number).
+            lags["missing"] += [float(n) for n in sorted(set(first) - set(second))]
             for number, at in first.items():
                 if at > joined and number in second:
                     kind = "join" if at - joined < 1.0 else "after"
@@ -154,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-rate", type=int, default=10, help="tokens a second")
     parser.add_argument("--join", type=float, default=0.5, help="seconds before B's client")
     parser.add_argument("--base-src", type=Path, default=None, help="a baseline's checkout")
+    parser.add_argument("--json", type=Path, default=None, help="also write the lags here")
     options = parser.parse_args(argv)
+    rows: dict[str, dict[str, list[float]]] = {}
     sides = [("this", ROOT / "src")]
     if options.base_src is not None:
         sides.append(("base", options.base_src.resolve() / "src"))
@@ -166,11 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     for store in options.stores.split(","):
         for name, src in sides:
             lags = measure(store, src, options)
+            rows[f"{store}-{name}"] = lags
             print(
                 f"{store:6} {name:4}  first second after the join: {_quantiles(lags['join'])}"
                 f" ({len(lags['join'])} events);  after it: {_quantiles(lags['after'])}"
                 f" ({len(lags['after'])} events)"
             )
+
+    if options.json is not None:
+        options.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
