@@ -16,9 +16,17 @@ LATEST := $(VENV)/latest
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 # Most tests wait on real processes (gateways, simulators, Redis, Prometheus), not on
-# the CPU: two workers, one test file each at a time (module fixtures stay shared).
-TEST_WORKERS ?= 2
+# the CPU: three workers on two cores, one test file each at a time (module fixtures
+# stay shared). On a 2-core machine: 16 min 39 s with two, 11 min 30 s with three.
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
+# The suite starts hundreds of Python processes (gateways, simulators, CLIs), each
+# importing payonce and its dependencies: compiled to bytecode once, kept in
+# .venv/pycache (make clean removes it; the checkout stays clean) and read by every
+# process after, even where the environment sets PYTHONDONTWRITEBYTECODE (as
+# containers often do). Compiled from source each time, a gateway's start and stop
+# cost 0.9 s of CPU instead of 0.45 s.
+TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
 .PHONY: run test setup prepare demo lint typecheck bench upgrade test-latest clean
 
@@ -66,7 +74,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m tests.support.prepare
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -95,7 +103,7 @@ test-latest: $(UV) prepare
 		--override requirements/latest-overrides.txt -e '.[dev]'
 	$(LATEST)/bin/ruff check src tests benchmarks
 	$(LATEST)/bin/mypy
-	PAYONCE_TEST_LATEST=1 $(LATEST)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(TEST_ENV) PAYONCE_TEST_LATEST=1 $(LATEST)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

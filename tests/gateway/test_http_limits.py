@@ -24,11 +24,20 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat
+from tests.gateway.conftest import AUTH, CHAT, GatewayFactory, Sim, chat, module_gateway
 from tests.support.processes import Process
 
 MiB = 1024 * 1024
 PROBLEMS = "https://github.com/payonce/payonce/blob/main/docs/problems.md#"
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test uses keys no other test does,
+    counts only the simulator's ledger (emptied by ``fresh_sim``) and has its replies
+    before it returns. The memory test (the process's peak RSS) and tests that need
+    flags start their own gateway with ``start_gateway``."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 @dataclass
@@ -150,9 +159,10 @@ def fixed(total: int, piece: int = MiB) -> Iterator[bytes]:
 
 
 def test_unterminated_huge_headers_do_not_grow_the_gateways_memory(
-    gateway: Process, fresh_sim: Sim
+    start_gateway: GatewayFactory, fresh_sim: Sim
 ) -> None:
     """Four connections each sending an unterminated 64 MiB header (the review: +300 MiB)."""
+    gateway = start_gateway()  # its own: a shared one's peak RSS holds other tests' bodies
     assert health_ok(gateway)
     before = rss_peak_kib(gateway.popen.pid)
     replies: list[Reply | None] = []
@@ -416,7 +426,8 @@ def test_a_chunked_body_over_max_body_gets_the_413(
     gateway: Process, fresh_sim: Sim, size: int, connection: bytes
 ) -> None:
     for attempt in range(3):
-        head = keyed_head("/v1/chat/completions", None, key=f"chunked-{attempt}", extra=connection)
+        key = f"chunked-{size}-{len(connection)}-{attempt}"
+        head = keyed_head("/v1/chat/completions", None, key=key, extra=connection)
         reply = send_then_read(gateway, head, chunked(size))
         assert_gateway_problem(reply, 413, "body-too-large")
         # The rest of the body is not read: the connection ends, announced and clean.

@@ -21,12 +21,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
+from tests.gateway.conftest import AUTH, Sim, chat, module_gateway
 from tests.support.processes import Process, free_port
 from tests.support.tls import make_certificates
 
@@ -68,9 +69,12 @@ def _problem(answer: tuple[int, dict[str, str], bytes]) -> tuple[int, str]:
     return status, str(document["type"]).rsplit("#", 1)[1]
 
 
-@pytest.fixture
-def gateway(start_gateway: GatewayFactory) -> Process:
-    return start_gateway("--no-otel")
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One gateway for the module: every test uses keys no other test does (or
+    none), counts only the simulator's ledger (emptied by ``fresh_sim``) and has
+    its answers before it returns."""
+    yield from module_gateway(sim, tmp_path_factory, "--no-otel")
 
 
 # --- Expect -----------------------------------------------------------------------------
@@ -102,7 +106,7 @@ def test_100_continue_still_works(gateway: Process, fresh_sim: Sim) -> None:
 def test_an_http_1_1_request_without_one_host_is_400(
     gateway: Process, fresh_sim: Sim, fields: bytes
 ) -> None:
-    for key in (b"", b"Idempotency-Key: no-host\r\n"):
+    for key in (b"", b"Idempotency-Key: no-host-%d\r\n" % len(fields)):
         answer = _exchange(gateway, _post(fields + key))
         assert _problem(answer) == (400, "malformed-request")
         assert answer[1]["connection"] == "close"

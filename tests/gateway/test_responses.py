@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import orjson
 import pytest
 from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
 
-from tests.gateway.conftest import GatewayFactory, Sim
+from tests.gateway.conftest import GatewayFactory, Sim, module_gateway
 from tests.support.exposition import metric
 from tests.support.processes import Process
 from tests.support.sse import read_stream
@@ -31,6 +32,16 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SLOW = {"X-Sim-Token-Ms": "20"}  # 20 ms per token: a stream of a couple of seconds
 QUESTION = "Tell me a long story about retries and invoices, with a moral at the end."
 BODY: dict[str, Any] = {"model": "gpt-4o-mini", "input": QUESTION}
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test uses keys no other test does
+    (uuids, or the SDK's own), counts only the simulator's ledger (emptied by
+    ``fresh_sim``) and has its answers, streams and background responses finished
+    before it returns. A test that reads the gateway's metrics totals, or needs
+    flags, starts its own gateway with ``start_gateway``."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def sdk(base_url: str, **options: Any) -> openai.OpenAI:
@@ -310,8 +321,9 @@ def test_a_stored_response_reads_the_same_through_the_gateway(
     "background POST, whose answer has no usage yet, as a call of unknown cost",
 )
 def test_polling_a_background_response_counts_its_cost_once(
-    gateway: Process, fresh_sim: Sim
+    start_gateway: GatewayFactory, fresh_sim: Sim
 ) -> None:
+    gateway = start_gateway()  # its own: the metrics totals are compared with the bill
     with sdk(gateway.url) as client:
         queued = client.responses.create(
             **BODY, background=True, extra_headers=keyed(f"poll-{uuid.uuid4()}")

@@ -9,15 +9,24 @@ used to make every call a 400 "several different idempotency keys".
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import anthropic
 import openai
 import pytest
 
-from tests.gateway.conftest import AUTH, CHAT, Sim, chat
+from tests.gateway.conftest import AUTH, CHAT, Sim, chat, module_gateway
 from tests.support.processes import Process
 
 MINTED = "stainless-python-retry-6f1c9f0e-1d1b-4a3c-9a3b-0b7f0e7b2c11"
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test's keys are its own (uuids), or
+    refused before anything is claimed; each counts only the simulator's ledger
+    (emptied by ``fresh_sim``) and has its answers before it returns."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def test_openai_sdk_key_yields_to_an_explicit_x_idempotency_key(
@@ -90,6 +99,6 @@ def test_the_sdk_shows_why_the_gateway_refused(gateway: Process) -> None:
         client.chat.completions.create(
             model="gpt-4o-mini",
             messages=[{"role": "user", "content": "hi"}],
-            extra_headers={"Idempotency-Key": "a-1", "X-Idempotency-Key": "b-2"},
+            extra_headers={"Idempotency-Key": "c-3", "X-Idempotency-Key": "d-4"},
         )
     assert "several different idempotency keys" in str(raised.value)

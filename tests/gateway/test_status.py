@@ -6,15 +6,24 @@ import concurrent.futures
 import os
 import signal
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat
+from tests.gateway.conftest import AUTH, GatewayFactory, Sim, chat, module_gateway
 from tests.support.processes import Process
 from tests.support.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test uses keys no other test does,
+    counts only the simulator's ledger (emptied by ``fresh_sim``) and has its answers
+    before it returns. The restart test starts its own gateways with ``start_gateway``."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def test_health(gateway: Process) -> None:

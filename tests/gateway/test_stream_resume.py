@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2 as httpx
+import pytest
 
-from tests.gateway.conftest import AUTH, Sim
+from tests.gateway.conftest import AUTH, Sim, module_gateway
 from tests.support.processes import Process
 from tests.support.sse import Read, completion_ids, read_stream
 
@@ -36,6 +38,14 @@ BODY: dict[str, Any] = {
 }
 SLOW = {"X-Sim-Token-Ms": "20"}
 EVENT_ID = re.compile(r"(\d+)-([0-9a-f]{8})")
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test uses keys no other test does
+    (uuids), counts only the simulator's ledger (emptied by ``fresh_sim``) and reads
+    its streams to their end before it returns."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def _stream(gateway: Process, key: str, **headers: str) -> Read:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import concurrent.futures
 import time
 import uuid
+from collections.abc import Iterator
 
 import anthropic
 import httpx2 as httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import AUTH, GatewayFactory, Sim
+from tests.gateway.conftest import AUTH, GatewayFactory, Sim, module_gateway
 from tests.support.processes import Process
 from tests.support.sse import read_stream
 from tests.support.waiting import settled_record
@@ -19,6 +20,15 @@ from tests.support.waiting import settled_record
 MESSAGES = [{"role": "user", "content": "Tell me a long story about retries and invoices."}]
 SLOW = {"X-Sim-Token-Ms": "20"}  # 20 ms per token: a stream of a couple of seconds
 STREAM_BODY = {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 60, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """One default gateway for the module: every test uses keys no other test does
+    (uuids), counts only the simulator's ledger (emptied by ``fresh_sim``) and waits
+    for its streams to end (completed, or billed by the simulator) before it returns.
+    Tests that need flags start their own gateway with ``start_gateway``."""
+    yield from module_gateway(sim, tmp_path_factory)
 
 
 def sdk(base_url: str) -> openai.OpenAI:
