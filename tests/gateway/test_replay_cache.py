@@ -197,4 +197,9 @@ def test_rss_of_a_full_cache_of_small_responses_stays_within_the_budget(
         print(f"--replay-cache {setting}: RSS +{grown[setting] / 2**20:.1f} MiB in {took:.1f}s")
     # What the cache adds over the same traffic without it: its budget plus a
     # fixed margin for allocator slack. Charging bodies only, it took ~20 MiB.
-    assert grown["4MiB"] - grown["0"] <= budget + 3 * 1024 * 1024, grown
+    # The margin is 5 MiB: each run's own growth (12-13 MiB without a cache)
+    # varies by a MiB or two with what else the machine runs, and the difference
+    # measured 3.4-8.1 MiB over five runs of 2026-12-07 (bytecode read from
+    # .pyc files, so start-up leaves the heap fewer holes to reuse), against a
+    # 3 MiB margin; the defect this guards against stays well outside it.
+    assert grown["4MiB"] - grown["0"] <= budget + 5 * 1024 * 1024, grown
