@@ -74,7 +74,8 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m tests.support.prepare
-	$(TEST_ENV) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -q -m alone $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -103,7 +104,8 @@ test-latest: $(UV) prepare
 		--override requirements/latest-overrides.txt -e '.[dev]'
 	$(LATEST)/bin/ruff check src tests benchmarks
 	$(LATEST)/bin/mypy
-	$(TEST_ENV) PAYONCE_TEST_LATEST=1 $(LATEST)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(TEST_ENV) PAYONCE_TEST_LATEST=1 $(LATEST)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(TEST_ENV) PAYONCE_TEST_LATEST=1 $(LATEST)/bin/pytest -q -m alone $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
