@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from streams_workers import _port, _ready  # noqa: E402
+from streams_workers import _port, _ready, stop_all  # noqa: E402
 
 
 def _stream(port: int, key: str, tokens: int, token_ms: int, arrivals: dict[int, float]) -> None:
@@ -137,14 +137,7 @@ def measure(store: str, src: Path, options: argparse.Namespace) -> dict[str, lis
                     kind = "join" if at - joined < 1.0 else "after"
                     lags[kind].append(max(0.0, second[number] - at))
     finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(processes, work)
     return lags
 
 

@@ -63,6 +63,18 @@ def _ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> 
             time.sleep(0.2)
 
 
+def stop_all(processes: list[subprocess.Popen[bytes]], work: Path) -> None:
+    """Stop ``processes``, last started first (killed after 60 s), and remove ``work``."""
+    for process in reversed(processes):
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def _jobs(url: str, keyed: bool, options: argparse.Namespace) -> list[dict[str, Any]]:
     body = {
         "model": "gpt-4o-mini",
@@ -169,14 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         payonce["redis_cpu_us_per_event"] = (cpu_us(redis.pid) - redis_cpu) / events
         direct = _row(run_jobs(_jobs(sim_url, False, options), work, pin=False))
     finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(processes, work)
     load = os.getloadavg()[0]
     print(
         f"# {options.streams} keyed streams x {options.token_rate}/s, {options.tokens} tokens,"

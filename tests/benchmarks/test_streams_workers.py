@@ -9,42 +9,30 @@ the gateway as it did straight from the simulator.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.redis import redis_binaries
+from tests.support.bench_scripts import run_with_redis
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 40
 
 
 def test_streams_workers_quick_run(tmp_path: Path) -> None:
-    server, _ = redis_binaries()
     output = tmp_path / "streams.json"
-    done = subprocess.run(
+    stdout = run_with_redis(
+        "streams_workers.py",
         [
-            *(sys.executable, str(ROOT / "benchmarks" / "streams_workers.py")),
             *("--streams", str(STREAMS), "--tokens", "16", "--token-rate", "50"),
             *("--json", str(output)),
         ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-        cwd=tmp_path,
-        # The apt helper may have put redis-server where PATH does not look.
-        env={**os.environ, "PATH": f"{Path(server).parent}{os.pathsep}{os.environ['PATH']}"},
+        tmp_path,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(output.read_text())
     payonce, direct = rows["payonce"], rows["direct"]
     assert payonce["answered"] == direct["answered"] == STREAMS
     assert payonce["events"] == direct["events"] > STREAMS * 16
     assert payonce["gateway_cpu_us_per_event"] > 0 and payonce["redis_cpu_us_per_event"] > 0
-    assert "payonce: 40/40 answered" in done.stdout
+    assert "payonce: 40/40 answered" in stdout

@@ -76,6 +76,18 @@ async def _running_stream(store: Store, key: str = "k") -> str:
     return token
 
 
+@contextlib.asynccontextmanager
+async def _following(follower: Store) -> AsyncIterator[None]:
+    """The follower waits on the record meanwhile, as a gateway relaying another's run."""
+    waiting = asyncio.create_task(follower.wait("t", "k", 30))
+    try:
+        yield
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+
+
 async def _appended_until_watched(store: Store, token: str, first: int) -> Appended:
     # The follower's mark (or subscription) lands a moment after its wait began:
     # append, as the writer would, until an append says so (or give up after 10 s).
@@ -92,13 +104,8 @@ async def test_appends_say_watched_once_a_follower_elsewhere_waits(pair: Pair) -
     owner, follower = pair
     token = await _running_stream(owner)
     assert await owner.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
-    waiting = asyncio.create_task(follower.wait("t", "k", 30))
-    try:
+    async with _following(follower):
         assert await _appended_until_watched(owner, token, 2) is Appended.WATCHED
-    finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
     # What the follower waits for is all there, in order, whatever the cadence.
     events = await follower.read_events("t", "k")
     assert events == [b"data: %d\n\n" % n for n in range(1, len(events) + 1)]
@@ -107,13 +114,8 @@ async def test_appends_say_watched_once_a_follower_elsewhere_waits(pair: Pair) -
 async def test_a_lost_key_is_still_lost_for_a_watched_stream(pair: Pair) -> None:
     owner, follower = pair
     token = await _running_stream(owner)
-    waiting = asyncio.create_task(follower.wait("t", "k", 30))
-    try:
+    async with _following(follower):
         assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
-    finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
     assert await owner.release("t", "k", token)
     lost = await owner.append_events("t", "k", token, 9, [b"data: late\n\n"])
     assert lost is Appended.LOST and not lost
@@ -124,13 +126,8 @@ async def test_a_lost_key_is_still_lost_for_a_watched_stream(pair: Pair) -> None
 async def test_a_new_run_of_the_key_starts_unwatched(pair: Pair) -> None:
     owner, follower = pair
     token = await _running_stream(owner)
-    waiting = asyncio.create_task(follower.wait("t", "k", 30))
-    try:
+    async with _following(follower):
         assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
-    finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
     assert await owner.release("t", "k", token)
     again = await _running_stream(owner)
     assert await owner.append_events("t", "k", again, 1, [b"data: 1\n\n"]) is Appended.WRITTEN

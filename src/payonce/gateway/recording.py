@@ -52,7 +52,7 @@ FLUSH_SECONDS = 0.05
 # follower that comes meanwhile marks the record and the next write says so.
 QUIET_SECONDS = 0.25
 QUIET_EVENTS = 256
-QUIET_BYTES = 256 * 1024  # either way: a large event (an image) is written at once
+QUIET_BYTES = 256 * 1024  # watched or not: a large event (an image) is written at once
 # While the store cannot take a stream's events: how often they are written again,
 # and at most how many bytes of them wait in memory (docs/gateway.md, "Store outages").
 RETRY_SECONDS = 0.25
@@ -134,30 +134,29 @@ class _Recorder:
             if self.backlog_bytes > MAX_BACKLOG:
                 self._give_up(f"{MAX_BACKLOG >> 20} MiB of events waited for it")
             return  # the writer retries on its own schedule
-        if self.watched:
-            events_cap, bytes_cap, seconds = FLUSH_EVENTS, QUIET_BYTES, FLUSH_SECONDS
-        else:
-            events_cap, bytes_cap, seconds = QUIET_EVENTS, QUIET_BYTES, QUIET_SECONDS
-        if (
-            self._due is not None
-            and len(self.backlog) < events_cap
-            and self.backlog_bytes <= bytes_cap
-        ):
-            return  # a write is timed already
-        wait = self._last_flush + seconds - self._loop.time()
-        if wait <= 0 or len(self.backlog) >= events_cap or self.backlog_bytes > bytes_cap:
-            self._flush()  # sparse events go at once, as they come
-        else:
-            # Not yet: the write is timed, so the events before a pause (a model
-            # thinking for seconds mid-answer) do not wait for the next event.
-            self._due = self._loop.call_later(wait, self._flush)
+        events_cap, seconds = (
+            (FLUSH_EVENTS, FLUSH_SECONDS) if self.watched else (QUIET_EVENTS, QUIET_SECONDS)
+        )
+        if len(self.backlog) >= events_cap or self.backlog_bytes > QUIET_BYTES:
+            self._flush()
+        elif self._due is None:  # else a write is timed already
+            wait = self._last_flush + seconds - self._loop.time()
+            if wait <= 0:
+                self._flush()  # sparse events go at once, as they come
+            else:
+                # Not yet: the write is timed, so the events before a pause (a model
+                # thinking for seconds mid-answer) do not wait for the next event.
+                self._due = self._loop.call_later(wait, self._flush)
 
     def _flush(self) -> None:
+        self._untime()
+        self._last_flush = self._loop.time()
+        self._wake.set()
+
+    def _untime(self) -> None:
         if self._due is not None:
             self._due.cancel()
             self._due = None
-        self._last_flush = self._loop.time()
-        self._wake.set()
 
     @property
     def full(self) -> bool:
@@ -187,17 +186,13 @@ class _Recorder:
     def cancel(self) -> None:
         """Stop writing at once (the stream broke off, or its run was cancelled)."""
         self.ok = False
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        self._untime()
         if self._writer is not None:
             self._writer.cancel()
 
     def _stop(self) -> None:
         self.ok = False
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        self._untime()
         self.backlog.clear()
         self.backlog_bytes = 0
         self._wake.set()
