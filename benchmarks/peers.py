@@ -121,6 +121,7 @@ from payonce.torture.postgres import LocalPostgres, bin_dir  # noqa: E402
 SYSTEMS = (
     "direct",
     "nginx",
+    "python-relay",
     "litellm",
     "litellm-cache",
     "portkey",
@@ -131,7 +132,7 @@ SYSTEMS = (
 )
 # Systems that only make sense in some workloads (two gateways: CPU per request is
 # not one process's).
-ONLY_IN = {"payonce-postgres-2x": ("workload2",)}
+ONLY_IN = {"payonce-postgres-2x": ("workload2",), "python-relay": ("workload5",)}
 PORTKEY_VERSION = "1.15.2"
 # Its postinstall (patch-package) has no patches to apply in the published package.
 NPM_FLAGS = ("--no-audit", "--no-fund", "--ignore-scripts")
@@ -614,6 +615,21 @@ class Stack:
         finally:
             service.stop()
 
+    @contextlib.contextmanager
+    def python_relay(self, upstream: str, name: str) -> Iterator[tuple[go.Service, str]]:
+        """benchmarks/relay_floor.py in front of ``upstream``: the floor of a Python relay."""
+        port = go.free_port()
+        script = HERE / "relay_floor.py"
+        command = [sys.executable, str(script), "--port", str(port), "--upstream", upstream]
+        service = go.start_service(name, command, self.workdir)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            go.wait_ready(service, f"{url}/_sim/health")
+            pin(service.pid, PROXY_CORE)
+            yield service, url
+        finally:
+            service.stop()
+
 
 _NGINX = """\
 daemon off;
@@ -673,6 +689,9 @@ def endpoints(stack: Stack, sim: str, systems: Sequence[str]) -> Iterator[list[E
                 found.append(Endpoint(system, sim_url, sim_service, sim_url))
             elif system == "nginx":
                 service, url = exits.enter_context(stack.nginx(sim_url, name))
+                found.append(Endpoint(system, url, service, sim_url))
+            elif system == "python-relay":
+                service, url = exits.enter_context(stack.python_relay(sim_url, name))
                 found.append(Endpoint(system, url, service, sim_url))
             elif system.startswith("litellm"):
                 service, url = stack.litellm(cache=system == "litellm-cache")
@@ -881,7 +900,8 @@ def workload2(stack: Stack) -> dict[str, Any]:
     options = stack.options
     rows: dict[str, list[dict[str, Any]]] = {}
     timeout = 10 * options.time_scale
-    with endpoints(stack, "incident", options.systems) as found:
+    systems = [name for name in options.systems if _runs_in(name, "workload2")]
+    with endpoints(stack, "incident", systems) as found:
         # Each payonce system also runs with no key sent at all: its SDK retries are
         # matched by x-stainless-retry-count (docs/gateway.md), nothing in the client.
         runs = [(endpoint, False) for endpoint in found] + [

@@ -28,6 +28,8 @@ def variants(systems: Sequence[str]) -> list[tuple[str, bool]]:
     chosen: list[tuple[str, bool]] = [("direct", False)]
     if "nginx" in systems:
         chosen.append(("nginx", False))
+    if "python-relay" in systems:
+        chosen.append(("python-relay", False))  # the floor of a Python relay
     for system in systems:
         if system.startswith("payonce"):
             chosen += [(system, False), (system, True)]
