@@ -287,7 +287,8 @@ async def test_purge_deletes_in_chunks_with_their_events_and_keeps_live_records(
         [(f"k{i}", clock.now() - 1 - i) for i in range(rows)],
     )
     db.executemany(
-        "INSERT INTO payonce_events VALUES ('old', ?, 1, X'00')", [(f"k{i}",) for i in range(rows)]
+        "INSERT INTO payonce_events (tenant, key, seq, data) VALUES ('old', ?, 1, X'00')",
+        [(f"k{i}",) for i in range(rows)],
     )
     db.execute("COMMIT")
     db.close()

@@ -35,14 +35,14 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from payonce.clock import Clock, SystemClock
-from payonce.errors import ConfigError, StorageError, StorageTimeout
+from payonce.errors import ConfigError, RecordUnreadable, StorageError, StorageTimeout
 from payonce.store.base import (
     Appended,
     Claim,
@@ -53,6 +53,7 @@ from payonce.store.base import (
     held_expiry,
     new_token,
 )
+from payonce.store.batches import pack, unpack
 from payonce.store.checkpoint import JOURNAL_SIZE_LIMIT, Checkpointer
 from payonce.store.group_commit import FIRST_RETRY, MAX_RETRY, GroupCommit, is_busy
 from payonce.store.rows import record_from_row
@@ -70,7 +71,10 @@ __all__ = ["SQLiteStore"]
 # itself. Process-wide, and the same values bound either way.
 sqlite3.register_adapter(bytes, bytes)
 
-SCHEMA_VERSION = 2
+# 3: a row of payonce_events holds a batch of events (its span), not one. A file of
+# schema 2 is brought to 3 at start-up (its rows are batches of one); an earlier
+# payonce refuses a file of schema 3, whose rows it would read as single events.
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS payonce_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS payonce_records (
@@ -99,9 +103,13 @@ CREATE TABLE IF NOT EXISTS payonce_events (
     key TEXT NOT NULL,
     seq INTEGER NOT NULL,
     data BLOB NOT NULL,
+    span INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (tenant, key, seq)
 ) WITHOUT ROWID;
 """
+# A row of payonce_events is a batch of a stream's events (store/batches.py): seq
+# is the number of its last event, span how many it holds (1 in rows of schema 2).
+_ADD_SPAN = "ALTER TABLE payonce_events ADD COLUMN span INTEGER NOT NULL DEFAULT 1"
 # Schema 1 (before streaming) lacks the stream columns; the events table is
 # created by _SCHEMA itself.
 _MIGRATE_FROM_1 = """
@@ -116,6 +124,7 @@ _WATCH = (
     " AND state = 'in_progress' AND watched = 0"
 )
 _WATCHED = "SELECT watched FROM payonce_records WHERE tenant = ? AND key = ?"
+_WATCHED_AT_ONCE = 500
 # How many marks a process remembers having made (one per run it followed).
 _MARKS_KEPT = 10_000
 # A record's event count is read from its events (the last one's number: they are
@@ -220,13 +229,16 @@ class SQLiteStore:
             )
             if row is not None and int(row[0]) == 1:
                 self._db.executescript(_MIGRATE_FROM_1)
+            self._db.executescript(_SCHEMA)
+            self._add_column("payonce_records", "watched", _ADD_WATCHED)
+            if row is not None and int(row[0]) < SCHEMA_VERSION:
+                self._add_column("payonce_events", "span", _ADD_SPAN)
                 self._db.execute(
-                    "UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'",
-                    (str(SCHEMA_VERSION),),
+                    "UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'"
+                    " AND CAST(value AS INTEGER) < ?",
+                    (str(SCHEMA_VERSION), SCHEMA_VERSION),
                 )
                 row = (str(SCHEMA_VERSION),)
-            self._db.executescript(_SCHEMA)
-            self._add_watched_column()
         except sqlite3.DatabaseError as exc:
             raise ConfigError(
                 f"--store: cannot use {path} as a payonce SQLite store: {exc}"
@@ -254,14 +266,15 @@ class SQLiteStore:
             self._checkpointer = Checkpointer(path, hold=hold)
             self._checkpointer.start()
 
-    def _add_watched_column(self) -> None:
-        # Added where missing, without a new schema version: an earlier payonce
-        # on the same file ignores the column (its recorders write often anyway).
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(payonce_records)")}
-        if "watched" in columns:
+    def _add_column(self, table: str, column: str, statement: str) -> None:
+        # Where missing. The watched column came without a new schema version: an
+        # earlier payonce on the same file ignores it (its recorders write often
+        # anyway); the span column came with schema 3.
+        columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+        if column in columns:
             return
         try:
-            self._db.execute(_ADD_WATCHED)
+            self._db.execute(statement)
         except sqlite3.OperationalError as exc:
             if "duplicate column" not in str(exc):  # another process added it first
                 raise
@@ -426,18 +439,18 @@ class SQLiteStore:
         self, tenant: str, key: str, token: str, first: int, events: Sequence[bytes]
     ) -> Appended:
         now = self._clock.now()
-        # One statement for the whole batch, and it checks the token itself: a
-        # writer whose lease passed to another holder must not add to the new
-        # holder's stream. Its row count says whether the key was still held.
-        rows = ", ".join(["(?, ?)"] * len(events))
-        values: list[object] = []
-        for offset, data in enumerate(self._codec.events_out(tenant, key, first, events)):
-            values += (first + offset, data)
+        # One row for the whole batch (store/batches.py), numbered by its last
+        # event, and the statement checks the token itself: a writer whose lease
+        # passed to another holder must not add to the new holder's stream. Its
+        # row count says whether the key was still held. A batch written again
+        # (after a failed write) from the same first event, longer, replaces
+        # nothing but overlaps: reads skip the events they have (read_events).
+        last = first + len(events) - 1
+        (data,) = self._codec.events_out(tenant, key, last, [pack(events)])
         inserted = await self._write(
-            "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, data)"
-            f" SELECT ?, ?, column1, column2 FROM (VALUES {rows}) WHERE EXISTS"
-            f" (SELECT 1 FROM payonce_records WHERE {_HELD})",
-            (tenant, key, *values, tenant, key, token, now),
+            "INSERT OR REPLACE INTO payonce_events (tenant, key, seq, span, data)"
+            f" SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM payonce_records WHERE {_HELD})",
+            (tenant, key, last, len(events), data, tenant, key, token, now),
             deferred=True,  # followers here got the events live; this is for the rest
         )
         if not inserted:
@@ -446,13 +459,47 @@ class SQLiteStore:
         row = await self._read(_WATCHED, (tenant, key), one=True)
         return Appended.WATCHED if row is not None and row[0] else Appended.WRITTEN
 
+    async def watched_runs(self, runs: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        # By primary key, a tenant's keys at a time (and at most _WATCHED_AT_ONCE
+        # of them, under SQLite's bound on a statement's parameters).
+        keys_of: dict[str, list[str]] = {}
+        for tenant, key in runs:
+            keys_of.setdefault(tenant, []).append(key)
+        found: set[tuple[str, str]] = set()
+        for tenant, keys in keys_of.items():
+            for start in range(0, len(keys), _WATCHED_AT_ONCE):
+                chunk = keys[start : start + _WATCHED_AT_ONCE]
+                rows = await self._read(
+                    "SELECT key FROM payonce_records WHERE tenant = ? AND key IN"
+                    f" ({', '.join('?' * len(chunk))}) AND watched = 1 AND state = 'in_progress'",
+                    (tenant, *chunk),
+                    one=False,
+                )
+                found.update((tenant, key) for (key,) in rows)
+        return found
+
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         rows = await self._read(
-            "SELECT data FROM payonce_events WHERE tenant = ? AND key = ? AND seq > ? ORDER BY seq",
+            "SELECT seq, span, data FROM payonce_events WHERE tenant = ? AND key = ? AND seq > ?"
+            " ORDER BY seq",
             (tenant, key, after),
             one=False,
         )
-        return self._codec.events_in(tenant, key, after, [bytes(row[0]) for row in rows])
+        events: list[bytes] = []
+        position = after
+        for seq, span, data in rows:
+            if seq <= position:
+                continue  # an earlier row held these (a batch written again, longer)
+            (value,) = self._codec.events_in(tenant, key, seq - 1, [bytes(data)])
+            try:
+                batch = unpack(value, span)
+            except ValueError as exc:
+                raise RecordUnreadable(
+                    f"the stored stream for Idempotency-Key {key!r} is damaged: {exc}"
+                ) from exc
+            events.extend(batch[max(0, span - (seq - position)) :])
+            position = seq
+        return events
 
     async def add_replays(self, counts: Mapping[tuple[str, str], int], *, batch: str = "") -> None:
         # Submitted together, so the group commit makes them one transaction: one
