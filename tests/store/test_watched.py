@@ -140,3 +140,35 @@ async def test_a_store_in_one_process_never_says_watched(clock: ManualClock) -> 
     await asyncio.sleep(0)
     assert await store.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
     await waiting
+
+
+async def test_a_follower_elsewhere_is_found_without_a_write(pair: Pair) -> None:
+    # The writer of a quiet stream asks now and then, for all its streams at
+    # once, rather than waiting for its next write (up to a second away).
+    owner, follower = pair
+    token = await _running_stream(owner)
+    await _running_stream(owner, "other")
+    assert await owner.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
+    runs = [("t", "k"), ("t", "other"), ("u", "k"), ("t", "gone")]
+    assert await owner.watched_runs(runs) == set()
+    found: set[tuple[str, str]] = set()
+    async with _following(follower):
+        for _ in range(200):
+            found = await owner.watched_runs(runs)
+            if found:
+                break
+            await asyncio.sleep(0.05)
+    assert found == {("t", "k")}
+    assert await owner.watched_runs([]) == set()
+
+
+async def test_many_runs_are_asked_at_once(pair: Pair) -> None:
+    owner, _ = pair
+    runs = [("t", f"key-{n}") for n in range(1200)] + [("u", "k")]
+    assert await owner.watched_runs(runs) == set()
+
+
+async def test_a_store_in_one_process_finds_no_follower_elsewhere(clock: ManualClock) -> None:
+    store = MemoryStore(clock)
+    await _running_stream(store)
+    assert await store.watched_runs([("t", "k")]) == set()

@@ -29,6 +29,7 @@ from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
+from payonce.gateway.watch_probe import probe_for
 from payonce.observe.pricing import priced_call
 from payonce.store import Appended, StoredResponse
 
@@ -47,10 +48,12 @@ FLUSH_EVENTS = 64
 FLUSH_SECONDS = 0.05
 # A stream no follower in another process reads (store.Appended) is written in
 # larger batches: most of a keyed event's cost at token rate was its share of a
-# write, which costs about as much for one event as for ten (benchmarks/NOTEBOOK.md,
-# "Streams written quietly"). Its events are in the store at most this late; a
-# follower that comes meanwhile marks the record and the next write says so.
-QUIET_SECONDS = 0.25
+# write, which costs about as much for one event as for fifty (benchmarks/NOTEBOOK.md,
+# "Streams written quietly", "Streams written every second; a probe finds
+# followers"). Its events are in the store at most this late; a follower that
+# comes meanwhile marks the record, and the process's probe (watch_probe.py)
+# finds it within a quarter of a second, or the next write says so.
+QUIET_SECONDS = 1.0
 QUIET_EVENTS = 256
 QUIET_BYTES = 256 * 1024  # watched or not: a large event (an image) is written at once
 # While the store cannot take a stream's events: how often they are written again,
@@ -108,8 +111,23 @@ class _Recorder:
         """Start recording in the background: relaying the first event must not wait for it."""
         self._head = (status, headers)
         self._writer = self._loop.create_task(self._write_loop())
-        # However the writer ends, nobody stays waiting for it in add().
-        self._writer.add_done_callback(lambda _: self._written.set())
+        # A follower elsewhere who comes is found within PROBE_SECONDS, not at
+        # the next quiet write (gateway/watch_probe.py).
+        probe = probe_for(self.lease.store)
+        probe.add(self.lease.tenant, self.key, self)
+
+        def ended(_: object) -> None:
+            self._written.set()  # however the writer ends, nobody stays waiting in add()
+            probe.discard(self.lease.tenant, self.key, self)
+
+        self._writer.add_done_callback(ended)
+
+    def now_watched(self) -> None:
+        """A follower in another process reads this run (said by a write or the probe)."""
+        if not self.watched:
+            self.watched = True  # and stays so: the follower reads on
+            if self._due is not None:
+                self._flush()  # what came meanwhile goes now, not at the quiet timer
 
     def add(self, events: list[bytes]) -> None:
         """Queue ``events`` for the writer; then :meth:`wait_for_room` before adding more."""
@@ -162,9 +180,9 @@ class _Recorder:
     def full(self) -> bool:
         """Whether more events must wait for the write in flight (:meth:`wait_for_room`)."""
         return (
-            self.ok
+            self.backlog_bytes > MAX_BACKLOG  # first: asked of every read, and mostly false
+            and self.ok
             and self._failing_since is None
-            and self.backlog_bytes > MAX_BACKLOG
             and self._writer is not None
             and not self._writer.done()
         )
@@ -246,10 +264,8 @@ class _Recorder:
                 if not appended:
                     self._lost()
                     return
-                if appended is Appended.WATCHED and not self.watched:
-                    self.watched = True  # and stays so: the follower reads on
-                    if self._due is not None:
-                        self._flush()  # what came meanwhile goes now, not at the quiet timer
+                if appended is Appended.WATCHED:
+                    self.now_watched()
             if self._failing_since is not None:
                 await self._answering_again()
                 if self._failing_since is not None:
@@ -365,8 +381,11 @@ async def _relay_and_settle(
                     break
         # The usage chunk the gateway asked for on the client's behalf is not relayed.
         kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
-        if facts.not_stored is None and any(failed_in_band(event) for event in kept):
-            facts.not_stored = "upstream_error"  # relayed, never replayed: see below
+        if facts.not_stored is None:
+            for event in kept:
+                if failed_in_band(event):
+                    facts.not_stored = "upstream_error"  # relayed, never replayed: see below
+                    break
         if kept:
             live.append(kept)
             recorder.add(kept)

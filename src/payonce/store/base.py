@@ -35,7 +35,7 @@ import enum
 import math
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -220,6 +220,16 @@ class Store(Protocol):
 
         ``Appended.LOST`` (false) when the key is no longer held by ``token``;
         ``WATCHED`` when a follower in another process is known to read them.
+        """
+        ...
+
+    async def watched_runs(self, runs: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these running streams, by ``(tenant, key)``, a follower elsewhere reads.
+
+        What :meth:`append_events` would answer ``WATCHED`` for, asked for many
+        streams in one go and without a write: a writer of streams nobody else
+        follows asks now and then, so that a follower who comes does not wait
+        for the next quiet write. Unknown keys and finished runs are left out.
         """
         ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from payonce.clock import Clock, SystemClock
 from payonce.store.base import (
@@ -151,6 +151,9 @@ class MemoryStore:
         self._records[(tenant, key)] = dataclasses.replace(record, events=len(recorded))
         self._waiters.notify(f"{tenant}\x00{key}")
         return Appended.WRITTEN  # one process: its followers read the stream live
+
+    async def watched_runs(self, runs: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        return set()  # one process: no follower elsewhere
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         if self._live(tenant, key) is None:

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -158,6 +158,13 @@ cleared AS (
     WHERE e.tenant = held.tenant AND e.key = held.key
 )
 SELECT count(*), COALESCE(bool_or(held.watched), false) FROM held
+"""
+# The writers of quiet streams ask which of them a follower elsewhere marked
+# (store.Store.watched_runs), all at once, by primary key.
+_WATCHED_RUNS = """
+SELECT r.tenant, r.key FROM unnest($1::text[], $2::text[]) AS asked (tenant, key)
+JOIN payonce_records AS r ON r.tenant = asked.tenant AND r.key = asked.key
+WHERE r.watched AND r.state = 'in_progress'
 """
 _APPEND = f"""
 WITH held AS (SELECT r.watched FROM payonce_records AS r WHERE {_HELD} FOR SHARE),
@@ -566,6 +573,13 @@ class PostgresStore:
             self._notifier.changed(tenant, key, others=row[1])
             return Appended.WATCHED if row[1] else Appended.WRITTEN
         return Appended.LOST
+
+    async def watched_runs(self, runs: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        if not runs:
+            return set()
+        tenants, keys = zip(*runs, strict=True)
+        rows = await self._fetch(_WATCHED_RUNS, list(tenants), list(keys))
+        return {(row[0], row[1]) for row in rows}
 
     async def _held(self, tenant: str, key: str, token: str) -> bool:
         row = await self._fetchrow(

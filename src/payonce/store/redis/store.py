@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import math
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
@@ -347,6 +347,26 @@ class RedisStore:
             deferred=True,  # followers here got the events live; this is for the rest
         )
         return Appended(int(added))  # 2: the notification had receivers (scripts.py)
+
+    async def watched_runs(self, runs: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        # What an append learns from its PUBLISH's receivers (scripts.py), asked
+        # of the channels' subscriber counts; on a cluster, of every node (a
+        # sharded channel's subscribers are on its shard's), redis-py adding up.
+        if not runs:
+            return set()
+        channels = {self.keys(tenant, key).channel: (tenant, key) for tenant, key in runs}
+        async with self._guarded():
+            if self._publish == b"SPUBLISH":
+                counts = await self._client.pubsub_shardnumsub(
+                    *channels, target_nodes=RedisCluster.ALL_NODES
+                )
+            else:
+                counts = await self._client.pubsub_numsub(*channels)
+        return {
+            channels[channel if isinstance(channel, bytes) else channel.encode()]
+            for channel, count in counts
+            if count > 0
+        }
 
     async def read_events(self, tenant: str, key: str, after: int = 0) -> list[bytes]:
         keys = self.keys(tenant, key)
