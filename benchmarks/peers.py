@@ -558,10 +558,25 @@ class Stack:
         script = self.portkey_script()
         port = go.free_port()
         command = [go.find_binary("node") or "node", str(script), f"--port={port}", "--headless"]
-        service = go.start_service(name, command, self.workdir)
+        with self._pinned(name, command, port, "/", timeout=60) as started:
+            yield started
+
+    @contextlib.contextmanager
+    def _pinned(
+        self,
+        name: str,
+        command: list[str],
+        port: int,
+        ready: str,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 20.0,
+    ) -> Iterator[tuple[go.Service, str]]:
+        """``command`` started, ready at ``ready`` on ``port``, pinned to the proxies' core."""
+        service = go.start_service(name, command, self.workdir, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            go.wait_ready(service, url + "/", timeout=60)
+            go.wait_ready(service, url + ready, timeout=timeout)
             pin(service.pid, PROXY_CORE)
             yield service, url
         finally:
@@ -586,14 +601,8 @@ class Stack:
         command = [*go.payonce_command(), "serve", "--upstream", upstream, "--store", store_url]
         command += ["--port", str(port), "--log-level", "warning", "--no-otel"]
         env = None if src is None else {**os.environ, "PYTHONPATH": str(src / "src")}
-        service = go.start_service(name, command, self.workdir, env=env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            go.wait_ready(service, f"{url}/_payonce/health")
-            pin(service.pid, PROXY_CORE)
-            yield service, url
-        finally:
-            service.stop()
+        with self._pinned(name, command, port, "/_payonce/health", env=env) as started:
+            yield started
 
     @contextlib.contextmanager
     def nginx(self, upstream: str, name: str, *more: str) -> Iterator[tuple[go.Service, str]]:
@@ -606,14 +615,8 @@ class Stack:
         servers = " ".join(f"server {url.removeprefix('http://')};" for url in (upstream, *more))
         (root / "nginx.conf").write_text(_NGINX.format(root=root, port=port, servers=servers))
         command = [self.nginx_binary, "-c", str(root / "nginx.conf"), "-p", f"{root}/"]
-        service = go.start_service(name, command, self.workdir)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            go.wait_ready(service, f"{url}/_sim/health")
-            pin(service.pid, PROXY_CORE)
-            yield service, url
-        finally:
-            service.stop()
+        with self._pinned(name, command, port, "/_sim/health") as started:
+            yield started
 
     @contextlib.contextmanager
     def python_relay(self, upstream: str, name: str) -> Iterator[tuple[go.Service, str]]:
@@ -621,14 +624,8 @@ class Stack:
         port = go.free_port()
         script = HERE / "relay_floor.py"
         command = [sys.executable, str(script), "--port", str(port), "--upstream", upstream]
-        service = go.start_service(name, command, self.workdir)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            go.wait_ready(service, f"{url}/_sim/health")
-            pin(service.pid, PROXY_CORE)
-            yield service, url
-        finally:
-            service.stop()
+        with self._pinned(name, command, port, "/_sim/health") as started:
+            yield started
 
 
 _NGINX = """\

@@ -19,8 +19,7 @@ from payonce.clock import ManualClock
 from payonce.errors import StorageError
 from payonce.gateway.watch_probe import WatchProbe, probe_for
 from payonce.store import SQLiteStore, Store
-
-HEAD = (("content-type", "text/event-stream"),)
+from tests.support.following import following, running_stream
 
 
 class _Writer:
@@ -57,34 +56,18 @@ async def _stores(
         await follower.close()
 
 
-async def _running_stream(store: Store, key: str) -> None:
-    claim = await store.claim("t", key, "fp", lease=30, ttl=3600)
-    assert await store.begin_stream("t", key, claim.record.token, 200, HEAD)
-
-
-@contextlib.asynccontextmanager
-async def _following(follower: Store, key: str) -> AsyncIterator[None]:
-    waiting = asyncio.create_task(follower.wait("t", key, 30))
-    try:
-        yield
-    finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
-
-
 @pytest.mark.parametrize("owner_type", [SQLiteStore, _FailingOnce])
 async def test_a_follower_elsewhere_is_found_without_a_write(
     tmp_path: Path, owner_type: type[SQLiteStore]
 ) -> None:
     async with _stores(tmp_path / "shared.db", owner_type) as (owner, follower):
-        await _running_stream(owner, "k")
-        await _running_stream(owner, "alone")
+        await running_stream(owner, "k")
+        await running_stream(owner, "alone")
         probe = WatchProbe(owner)
         followed, alone = _Writer(), _Writer()
         probe.add("t", "k", followed)
         probe.add("t", "alone", alone)
-        async with _following(follower, "k"):
+        async with following(follower, "k"):
             # 10 s only catches a stall: the probe asks every 0.25 s.
             await asyncio.wait_for(followed.told.wait(), timeout=10)
         assert not alone.told.is_set()
@@ -93,7 +76,7 @@ async def test_a_follower_elsewhere_is_found_without_a_write(
 
 async def test_a_discarded_stream_is_not_asked_about_and_the_probe_stops(tmp_path: Path) -> None:
     async with _stores(tmp_path / "shared.db") as (owner, follower):
-        await _running_stream(owner, "k")
+        await running_stream(owner, "k")
         probe = WatchProbe(owner)
         writer = _Writer()
         probe.add("t", "k", writer)
@@ -101,7 +84,7 @@ async def test_a_discarded_stream_is_not_asked_about_and_the_probe_stops(tmp_pat
         assert len(probe) == 1
         probe.discard("t", "k", writer)
         assert len(probe) == 0
-        async with _following(follower, "k"):
+        async with following(follower, "k"):
             await asyncio.sleep(0.6)
         assert not writer.told.is_set()
 

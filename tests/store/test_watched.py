@@ -10,7 +10,6 @@ stream another process records does. Until the follower comes, appends answer
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -21,11 +20,9 @@ from payonce.store import Appended, MemoryStore, SQLiteStore, Store
 from payonce.store.postgres import PostgresStore
 from payonce.store.redis import RedisStore
 from tests.store.conftest import empty_postgres
+from tests.support.following import following, running_stream
 from tests.support.postgres import Postgres
 from tests.support.redis import RedisCluster, RedisServer
-
-LEASE, TTL = 30.0, 3600.0
-HEAD = (("content-type", "text/event-stream"),)
 
 Pair = tuple[Store, Store]
 
@@ -69,25 +66,6 @@ async def pair(
     await follower.close()
 
 
-async def _running_stream(store: Store, key: str = "k") -> str:
-    claim = await store.claim("t", key, "fp", lease=LEASE, ttl=TTL)
-    token = claim.record.token
-    assert await store.begin_stream("t", key, token, 200, HEAD)
-    return token
-
-
-@contextlib.asynccontextmanager
-async def _following(follower: Store) -> AsyncIterator[None]:
-    """The follower waits on the record meanwhile, as a gateway relaying another's run."""
-    waiting = asyncio.create_task(follower.wait("t", "k", 30))
-    try:
-        yield
-    finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
-
-
 async def _appended_until_watched(store: Store, token: str, first: int) -> Appended:
     # The follower's mark (or subscription) lands a moment after its wait began:
     # append, as the writer would, until an append says so (or give up after 10 s).
@@ -102,9 +80,9 @@ async def _appended_until_watched(store: Store, token: str, first: int) -> Appen
 
 async def test_appends_say_watched_once_a_follower_elsewhere_waits(pair: Pair) -> None:
     owner, follower = pair
-    token = await _running_stream(owner)
+    token = await running_stream(owner)
     assert await owner.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
-    async with _following(follower):
+    async with following(follower):
         assert await _appended_until_watched(owner, token, 2) is Appended.WATCHED
     # What the follower waits for is all there, in order, whatever the cadence.
     events = await follower.read_events("t", "k")
@@ -113,8 +91,8 @@ async def test_appends_say_watched_once_a_follower_elsewhere_waits(pair: Pair) -
 
 async def test_a_lost_key_is_still_lost_for_a_watched_stream(pair: Pair) -> None:
     owner, follower = pair
-    token = await _running_stream(owner)
-    async with _following(follower):
+    token = await running_stream(owner)
+    async with following(follower):
         assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
     assert await owner.release("t", "k", token)
     lost = await owner.append_events("t", "k", token, 9, [b"data: late\n\n"])
@@ -125,17 +103,17 @@ async def test_a_lost_key_is_still_lost_for_a_watched_stream(pair: Pair) -> None
 @pytest.mark.parametrize("pair", ["sqlite", "postgres"], indirect=True)
 async def test_a_new_run_of_the_key_starts_unwatched(pair: Pair) -> None:
     owner, follower = pair
-    token = await _running_stream(owner)
-    async with _following(follower):
+    token = await running_stream(owner)
+    async with following(follower):
         assert await _appended_until_watched(owner, token, 1) is Appended.WATCHED
     assert await owner.release("t", "k", token)
-    again = await _running_stream(owner)
+    again = await running_stream(owner)
     assert await owner.append_events("t", "k", again, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
 
 
 async def test_a_store_in_one_process_never_says_watched(clock: ManualClock) -> None:
     store = MemoryStore(clock)
-    token = await _running_stream(store)
+    token = await running_stream(store)
     waiting = asyncio.create_task(store.wait("t", "k", 30))
     await asyncio.sleep(0)
     assert await store.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
@@ -146,13 +124,13 @@ async def test_a_follower_elsewhere_is_found_without_a_write(pair: Pair) -> None
     # The writer of a quiet stream asks now and then, for all its streams at
     # once, rather than waiting for its next write (up to a second away).
     owner, follower = pair
-    token = await _running_stream(owner)
-    await _running_stream(owner, "other")
+    token = await running_stream(owner)
+    await running_stream(owner, "other")
     assert await owner.append_events("t", "k", token, 1, [b"data: 1\n\n"]) is Appended.WRITTEN
     runs = [("t", "k"), ("t", "other"), ("u", "k"), ("t", "gone")]
     assert await owner.watched_runs(runs) == set()
     found: set[tuple[str, str]] = set()
-    async with _following(follower):
+    async with following(follower):
         for _ in range(200):
             found = await owner.watched_runs(runs)
             if found:
@@ -170,5 +148,5 @@ async def test_many_runs_are_asked_at_once(pair: Pair) -> None:
 
 async def test_a_store_in_one_process_finds_no_follower_elsewhere(clock: ManualClock) -> None:
     store = MemoryStore(clock)
-    await _running_stream(store)
+    await running_stream(store)
     assert await store.watched_runs([("t", "k")]) == set()

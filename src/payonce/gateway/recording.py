@@ -94,6 +94,7 @@ class _Recorder:
         # A follower in another process reads this run's events from the store:
         # they are written every FLUSH_SECONDS, not every QUIET_SECONDS.
         self.watched = False
+        self._probe = probe_for(lease.store)
         self._due: asyncio.TimerHandle | None = None  # the next write, when it is timed
         self._last_flush = self._loop.time()
         self._head: tuple[int, tuple[tuple[str, str], ...]] | None = None
@@ -113,19 +114,18 @@ class _Recorder:
         self._writer = self._loop.create_task(self._write_loop())
         # A follower elsewhere who comes is found within PROBE_SECONDS, not at
         # the next quiet write (gateway/watch_probe.py).
-        probe = probe_for(self.lease.store)
-        probe.add(self.lease.tenant, self.key, self)
+        self._probe.add(self.lease.tenant, self.key, self)
+        self._writer.add_done_callback(self._ended)
 
-        def ended(_: object) -> None:
-            self._written.set()  # however the writer ends, nobody stays waiting in add()
-            probe.discard(self.lease.tenant, self.key, self)
-
-        self._writer.add_done_callback(ended)
+    def _ended(self, _: object) -> None:
+        self._written.set()  # however the writer ends, nobody stays waiting in add()
+        self._probe.discard(self.lease.tenant, self.key, self)
 
     def now_watched(self) -> None:
         """A follower in another process reads this run (said by a write or the probe)."""
         if not self.watched:
             self.watched = True  # and stays so: the follower reads on
+            self._probe.discard(self.lease.tenant, self.key, self)  # nothing more to ask
             if self._due is not None:
                 self._flush()  # what came meanwhile goes now, not at the quiet timer
 
