@@ -34,6 +34,20 @@ def test_events_come_out_whole_however_the_chunks_fall(cuts: list[int]) -> None:
     assert out == EVENTS
 
 
+@pytest.mark.parametrize(
+    "chunk",
+    [b"a", b"ab", b"\n\n", b"\n\nx\n\n", b"x\n\n", b"x\n\n\n", b"x\r\n\n", b"x\n\ny", b"x\n"],
+)
+def test_a_chunk_that_looks_like_one_event_splits_as_byte_by_byte(chunk: bytes) -> None:
+    # A read of one whole event takes a shortcut (EventSplitter.feed): the same
+    # events as the byte-at-a-time path, and the same rest at the close.
+    whole, by_byte = EventSplitter(), EventSplitter()
+    one = whole.feed(chunk) + whole.feed(b"data: next\n\n") + whole.close()
+    other = [event for byte in chunk for event in by_byte.feed(bytes([byte]))]
+    other += by_byte.feed(b"data: next\n\n") + by_byte.close()
+    assert one == other
+
+
 def test_crlf_events_and_an_unterminated_tail() -> None:
     splitter = EventSplitter()
     assert splitter.feed(b"data: 1\r\n\r\ndata: 2") == [b"data: 1\r\n\r\n"]

@@ -50,9 +50,10 @@ FLUSH_SECONDS = 0.05
 # larger batches: most of a keyed event's cost at token rate was its share of a
 # write, which costs about as much for one event as for fifty (benchmarks/NOTEBOOK.md,
 # "Streams written quietly", "Streams written every second; a probe finds
-# followers"). Its events are in the store at most this late; a follower that
-# comes meanwhile marks the record, and the process's probe (watch_probe.py)
-# finds it within a quarter of a second, or the next write says so.
+# followers", "Quiet streams every two seconds: measured, not kept"). Its events
+# are in the store at most this late; a follower that comes meanwhile marks the
+# record, and the process's probe (watch_probe.py) finds it within a quarter of
+# a second, or the next write says so.
 QUIET_SECONDS = 1.0
 QUIET_EVENTS = 256
 QUIET_BYTES = 256 * 1024  # watched or not: a large event (an image) is written at once
@@ -380,17 +381,26 @@ async def _relay_and_settle(
                     facts.request_id = stream_id.value
                     break
         # The usage chunk the gateway asked for on the client's behalf is not relayed.
-        kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
-        if facts.not_stored is None:
-            for event in kept:
-                if failed_in_band(event):
-                    facts.not_stored = "upstream_error"  # relayed, never replayed: see below
-                    break
-        if kept:
-            live.append(kept)
-            recorder.add(kept)
-            if recorder.too_large:
-                facts.not_stored = "too_large"
+        if len(events) == 1:  # at token rate a read is one event: no list built for it
+            event = events[0]
+            if usage.inspect(event) and strip_usage:
+                return
+            if facts.not_stored is None and failed_in_band(event):
+                facts.not_stored = "upstream_error"  # relayed, never replayed: see below
+            kept = events
+        else:
+            kept = [event for event in events if not (usage.inspect(event) and strip_usage)]
+            if facts.not_stored is None:
+                for event in kept:
+                    if failed_in_band(event):
+                        facts.not_stored = "upstream_error"
+                        break
+            if not kept:
+                return
+        live.append(kept)
+        recorder.add(kept)
+        if recorder.too_large:
+            facts.not_stored = "too_large"
 
     def take_now(chunk: bytes) -> bool:
         # As the bytes arrive, in the upstream connection's callback: the events

@@ -52,6 +52,7 @@ __all__ = [
 # A CR is the start of a CRLF where an LF follows it, never a line ending of its own.
 _TERMINATOR = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r)")
 _LINE_ENDINGS = b"\r\n"
+_BLANK_STARTS = (b"\r", b"\n")  # a chunk that starts with an empty line
 # Byte strings are searched with ``find``, not ``in``, on the paths every event
 # takes: Python 3.11's ``part in data`` first tries ``part`` as an integer (for
 # ``10 in data``) and builds, then drops, a formatted TypeError each time, about
@@ -198,6 +199,15 @@ class EventSplitter:
         self._tail = b""  # its last (up to) 4 bytes
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if (
+            not self._parts
+            and chunk.find(b"\n\n") == len(chunk) - 2 > 0
+            and chunk[:1] not in _BLANK_STARTS
+            and chunk.find(b"\r") < 0
+        ):
+            # One whole event, ended by its only blank line: what a read is at
+            # token rate, told by three byte searches instead of the loop below.
+            return [chunk]
         searched = 0  # where a terminator may start
         if self._parts:
             # An event's end needs a line ending: most chunks of a large event have
