@@ -71,7 +71,8 @@ class LiveStream:
         self.events.extend(events)
         if self._pushed:
             self._push(events, before)
-        self._wake()
+        if self._waiters:  # mostly none: the followers that keep up are pushed to
+            self._wake()
 
     def _push(self, events: list[bytes], before: int) -> None:
         # Every pushed follower is at ``before``, the end: it was registered there

@@ -406,7 +406,7 @@ async def _relay_and_settle(
         # As the bytes arrive, in the upstream connection's callback: the events
         # go to the followers that keep up and to the recorder without this task
         # waking, unless the recorder is full (then the loop below waits for room).
-        if recorder.full:
+        if recorder.backlog_bytes > MAX_BACKLOG and recorder.full:  # mostly false at once
             return False
         take(splitter.feed(chunk))
         return True
