@@ -283,6 +283,8 @@ def run_tag(token: str) -> bytes:
 
 def relayed(event: bytes, number: int, run: bytes) -> bytes:
     """The block as a client gets it (the module docstring): numbered, or bare lines."""
+    if event[:5] == b"data:" and event[-2:] == b"\n\n":
+        return b"%sid: %d-%s\n\n" % (event[:-1], number, run)  # OpenAI's chunks, LF-ended
     # The common cases need no regex: a first line of data (OpenAI's chunks), or a
     # data line after the first (Anthropic's "event: x" then "data: ..."), with no
     # empty line in front.
