@@ -87,13 +87,6 @@ class Transport:
                 else:
                     self._raw.writelines(held)
 
-    def write_now(self, data: bytes) -> None:
-        """Write ``data`` at once, or after what this turn holds (kept in order)."""
-        if self._held:
-            self._held.append(data)
-        else:
-            self._raw.write(data)
-
     def write_eof(self) -> None:
         self.flush()
         self._raw.write_eof()
@@ -138,8 +131,9 @@ class SocketBodyWriter:
     def __call__(self, body: bytes) -> bool:
         cycle = self._cycle
         transport = self._transport
-        # Transport.is_closing and write_now, spelled out: this runs once per
-        # streamed event, and two calls fewer show at token rate.
+        # Transport.is_closing, and a write at once or after what this turn holds
+        # (kept in order), spelled out: this runs once per streamed event, and
+        # two calls fewer show at token rate (benchmarks/NOTEBOOK.md).
         protocol = transport._protocol
         if (
             not body
