@@ -34,5 +34,7 @@ def test_streams_workers_quick_run(tmp_path: Path) -> None:
     payonce, direct = rows["payonce"], rows["direct"]
     assert payonce["answered"] == direct["answered"] == STREAMS
     assert payonce["events"] == direct["events"] > STREAMS * 16
-    assert payonce["gateway_cpu_us_per_event"] > 0 and payonce["redis_cpu_us_per_event"] > 0
+    # CPU is read from /proc in clock ticks (10 ms): 640 events can cost redis-server
+    # less than one tick on a fast machine, so only the fields' presence is checked.
+    assert payonce["gateway_cpu_us_per_event"] >= 0 and payonce["redis_cpu_us_per_event"] >= 0
     assert "payonce: 40/40 answered" in stdout
