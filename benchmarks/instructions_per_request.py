@@ -149,6 +149,10 @@ def total_instructions(
         serve += ["--call-log", str(work / "calls.jsonl")]
     serve += flags
     environment = dict(os.environ)
+    # A fixed hash seed: with a random one, the same dict lookups probe differently
+    # from run to run (string hashes change), a few thousand instructions an
+    # event apart between two runs of the same code.
+    environment["PYTHONHASHSEED"] = "0"
     for name, value in (env or {}).items():
         if value is None:
             environment.pop(name, None)

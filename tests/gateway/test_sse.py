@@ -36,7 +36,12 @@ def test_events_come_out_whole_however_the_chunks_fall(cuts: list[int]) -> None:
 
 @pytest.mark.parametrize(
     "chunk",
-    [b"a", b"ab", b"\n\n", b"\n\nx\n\n", b"x\n\n", b"x\n\n\n", b"x\r\n\n", b"x\n\ny", b"x\n"],
+    [
+        *(b"a", b"ab", b"\n\n", b"\n\nx\n\n", b"x\n\n", b"x\n\n\n", b"x\r\n\n", b"x\n\ny", b"x\n"),
+        # The first LF two bytes from the end, the last byte not an LF; two lines
+        # (Anthropic's shape) told by the blank-line search; a blank line inside.
+        *(b"data: x\ny", b"event: a\ndata: b\n\n", b"a\nb\n\nc\n\n", b"a\n\nb\nc\n\n"),
+    ],
 )
 def test_a_chunk_that_looks_like_one_event_splits_as_byte_by_byte(chunk: bytes) -> None:
     # A read of one whole event takes a shortcut (EventSplitter.feed): the same
@@ -116,6 +121,20 @@ def test_openai_usage_chunk_is_captured_and_flagged() -> None:
     assert usage.inspect(final) is True
     assert usage.model == "gpt-4o-mini"
     assert usage.usage == {"input_tokens": 5, "output_tokens": 7}
+
+
+def test_only_the_first_usage_of_an_event_decides_whether_it_is_parsed() -> None:
+    # A null first usage skips the parse (every chunk but the last, once usage was
+    # asked for); a first one that is not null parses the event, null ones after it
+    # or not (a search for any "usage":null anywhere would have skipped this one).
+    usage = StreamUsage()
+    assert usage.inspect(b'data: {"model":"m","usage":null,"x":"usage"}\n\n') is False
+    assert usage.usage is None
+    final = (
+        b'data: {"usage":{"prompt_tokens":2,"completion_tokens":3},"choices":[{"usage":null}]}\n\n'
+    )
+    usage.inspect(final)
+    assert usage.usage == {"input_tokens": 2, "output_tokens": 3}
 
 
 def test_litellm_usage_chunk_with_an_empty_choice_is_flagged() -> None:

@@ -132,8 +132,9 @@ class _Recorder:
 
     def add(self, events: list[bytes]) -> None:
         """Queue ``events`` for the writer; then :meth:`wait_for_room` before adding more."""
+        size = len(events[0]) if len(events) == 1 else sum(map(len, events))
         if self.room is not None:
-            self.room -= sum(map(len, events))
+            self.room -= size
             if self.room < 0:
                 # Recording stops; what is recorded stays (slow followers here may
                 # still read it back) until the key is released at the stream's end.
@@ -148,7 +149,7 @@ class _Recorder:
         if not self.ok:
             return
         self.backlog.extend(events)
-        self.backlog_bytes += sum(map(len, events))
+        self.backlog_bytes += size
         if self._failing_since is not None:
             if self.backlog_bytes > MAX_BACKLOG:
                 self._give_up(f"{MAX_BACKLOG >> 20} MiB of events waited for it")
