@@ -92,8 +92,11 @@ class Appended(enum.IntEnum):
     worker, another replica) reads this run's events from the store, so they
     should be written often (every 50 ms) rather than now and then: a stream
     nobody else follows is written in larger batches (gateway/recording.py).
-    A store learns it from the follower's own mark (SQLite, PostgreSQL) or from
-    its notification's receivers (Redis). Once a run is watched it stays so.
+    A store learns it from the follower's own mark (PostgreSQL, in the append's
+    own statement) or from its notification's receivers (Redis). SQLite never
+    says it here (it would take a read of its own after every write): its
+    writers learn it from :meth:`Store.watched_runs`, which the gateway asks
+    every 250 ms for all its quiet streams. Once a run is watched it stays so.
     """
 
     LOST = 0  # the key is no longer held by this token: nothing written
@@ -219,7 +222,8 @@ class Store(Protocol):
         """Record events numbered ``first``, ``first + 1``, ... (numbers start at 1).
 
         ``Appended.LOST`` (false) when the key is no longer held by ``token``;
-        ``WATCHED`` when a follower in another process is known to read them.
+        ``WATCHED`` when a follower in another process is known to read them
+        (a store may leave that to :meth:`watched_runs`: see :class:`Appended`).
         """
         ...
 
