@@ -117,7 +117,7 @@ ALTER TABLE payonce_records ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE payonce_records ADD COLUMN events INTEGER NOT NULL DEFAULT 0;
 """
 # Set by a follower in another process that waits on a stream's record: its
-# writer then writes every 50 ms, not now and then (store.Appended.WATCHED).
+# writer, which finds it with watched_runs, then writes every 50 ms, not now and then.
 _ADD_WATCHED = "ALTER TABLE payonce_records ADD COLUMN watched INTEGER NOT NULL DEFAULT 0"
 _WATCH = (
     "UPDATE payonce_records SET watched = 1 WHERE tenant = ? AND key = ? AND token = ?"
