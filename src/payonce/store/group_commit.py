@@ -58,8 +58,9 @@ _Write = tuple[str, Any, bool, "asyncio.Future[Any]"]
 # most locks are a single commit of another worker, then capped.
 FIRST_RETRY = 0.001
 MAX_RETRY = 0.05
-# Statements per transaction when the batches that waited for a lock run: a
-# few milliseconds of the loop at most.
+# Statements per transaction when the batches that waited for a lock run, and
+# per loop turn of the deferred writes due together: a few milliseconds of the
+# loop at most.
 MAX_MERGED = 256
 # How long a deferred write may wait for others to share its transaction.
 DEFER = 0.02
