@@ -13,7 +13,7 @@ import pytest
 from payonce.clock import ManualClock
 from payonce.errors import ConfigError, StorageError, StorageTimeout
 from payonce.store import Claim, ClaimStatus, SQLiteStore, StoredResponse, open_store
-from payonce.store.group_commit import MAX_MERGED, GroupCommit
+from payonce.store.group_commit import DUE_PER_TURN, MAX_MERGED, GroupCommit
 from payonce.store.sqlite import PURGE_CHUNK
 
 
@@ -202,16 +202,16 @@ async def test_batches_that_wait_for_a_lock_commit_in_their_order(tmp_path: Path
     db.close()
 
 
-async def test_deferred_writes_due_together_commit_max_merged_a_loop_turn(tmp_path: Path) -> None:
+async def test_deferred_writes_due_together_commit_a_chunk_a_loop_turn(tmp_path: Path) -> None:
     # A thousand streams that write in the same instant must not hold the loop
-    # for one transaction of them all: MAX_MERGED a turn, in their order, other
+    # for one transaction of them all: DUE_PER_TURN a turn, in their order, other
     # callbacks (a client's next event) between the chunks. A write that comes
     # meanwhile still waits for company (DEFER), not for the next turn.
     db = sqlite3.connect(tmp_path / "p.db", isolation_level=None, timeout=0)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE t (n INTEGER PRIMARY KEY)")
     writes = GroupCommit(db, lambda exc: StorageTimeout(str(exc)), timeout=10)
-    count = 2 * MAX_MERGED + 10
+    count = MAX_MERGED + 10  # past the company that flushes at once, too
 
     def insert(n: int) -> asyncio.Future[int]:
         return writes.submit("INSERT INTO t VALUES (?)", (n,), fetch=False, deferred=True)
@@ -224,7 +224,7 @@ async def test_deferred_writes_due_together_commit_max_merged_a_loop_turn(tmp_pa
     await futures[0]
     later = insert(count)  # the first chunk is in, the rest are not
     assert await asyncio.gather(*futures) == [1] * count
-    assert seen == [MAX_MERGED]
+    assert seen == [DUE_PER_TURN]
     assert not later.done(), "a write that came during the chunks waits for its own window"
     assert await later == 1
     rows = db.execute("SELECT n FROM t ORDER BY rowid").fetchall()

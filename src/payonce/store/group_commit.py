@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFER", "GroupCommit", "is_busy"]
+__all__ = ["DEFER", "DUE_PER_TURN", "GroupCommit", "is_busy"]
 
 # One write: (sql, params, fetch the first row (True) or the row count (False), future).
 _Write = tuple[str, Any, bool, "asyncio.Future[Any]"]
@@ -58,10 +58,12 @@ _Write = tuple[str, Any, bool, "asyncio.Future[Any]"]
 # most locks are a single commit of another worker, then capped.
 FIRST_RETRY = 0.001
 MAX_RETRY = 0.05
-# Statements per transaction when the batches that waited for a lock run, and
-# per loop turn of the deferred writes due together: a few milliseconds of the
-# loop at most.
+# Statements per transaction when the batches that waited for a lock run: a
+# few milliseconds of the loop at most.
 MAX_MERGED = 256
+# Deferred writes due together committed per loop turn: about a millisecond of
+# stream appends (a quarter of MAX_MERGED measured no worse, benchmarks/NOTEBOOK.md).
+DUE_PER_TURN = 64
 # How long a deferred write may wait for others to share its transaction.
 DEFER = 0.02
 
@@ -152,13 +154,13 @@ class GroupCommit:
             self._drain()
 
     def _drain(self) -> None:
-        # At most MAX_MERGED a loop turn: a thousand streams that write in the same
+        # At most DUE_PER_TURN a loop turn: a thousand streams that write in the same
         # instant (started together, each once a second) would otherwise hold the
         # loop for one transaction of them all, every client's next event behind it.
         # Only the writes due at the flush: one that comes meanwhile waits for
         # company as usual (benchmarks/NOTEBOOK.md, "Deferred writes a chunk a turn").
         self._draining = None
-        taken = min(self._due, MAX_MERGED)
+        taken = min(self._due, DUE_PER_TURN)
         batch, self._deferred = self._deferred[:taken], self._deferred[taken:]
         self._due -= taken
         if self._due:
