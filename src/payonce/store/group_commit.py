@@ -118,7 +118,7 @@ class GroupCommit:
         self._deferred: list[_Write] = []
         self._later: asyncio.Handle | None = None  # the deferred writes' flush
         # How many writes at the head of _deferred are due (their window ended),
-        # committed MAX_MERGED a turn by _drain (scheduled: _draining).
+        # committed DUE_PER_TURN a turn by _drain (scheduled: _draining).
         self._due = 0
         self._draining: asyncio.Handle | None = None
 
