@@ -27,6 +27,7 @@ from payonce.errors import ProblemError, StorageError
 from payonce.gateway.lease import Lease
 from payonce.gateway.live import LiveStream
 from payonce.gateway.observing import UpstreamFacts
+from payonce.gateway.pacing import pacer_for
 from payonce.gateway.sse import EventSplitter, StreamId, StreamUsage, failed_in_band
 from payonce.gateway.upstream import OpenResponse
 from payonce.gateway.watch_probe import probe_for
@@ -97,6 +98,11 @@ class _Recorder:
         self.watched = False
         self._probe = probe_for(lease.store)
         self._due: asyncio.TimerHandle | None = None  # the next write, when it is timed
+        # The timer fired and the write waits its turn in the pacer (gateway/pacing.py):
+        # streams that began together fall due together, and their writes start a
+        # few a loop turn. Still "timed" meanwhile: _due stays set.
+        self._queued = False
+        self._pacer = pacer_for(self._loop)
         self._last_flush = self._loop.time()
         self._head: tuple[int, tuple[tuple[str, str], ...]] | None = None
         self._begun = False
@@ -166,7 +172,15 @@ class _Recorder:
             else:
                 # Not yet: the write is timed, so the events before a pause (a model
                 # thinking for seconds mid-answer) do not wait for the next event.
-                self._due = self._loop.call_later(wait, self._flush)
+                self._due = self._loop.call_later(wait, self._came_due)
+
+    def _came_due(self) -> None:
+        self._queued = True
+        self._pacer.call(self._paced_flush)
+
+    def _paced_flush(self) -> None:
+        if self._queued:  # else written meanwhile (a full batch, a follower) or stopped
+            self._flush()
 
     def _flush(self) -> None:
         self._untime()
@@ -174,6 +188,7 @@ class _Recorder:
         self._wake.set()
 
     def _untime(self) -> None:
+        self._queued = False
         if self._due is not None:
             self._due.cancel()
             self._due = None
