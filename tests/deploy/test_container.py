@@ -86,12 +86,12 @@ def _start(image: str, volume: str, port: int) -> str:
 
 
 def _call(url: str) -> tuple[str, str | None]:
-    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(
-        model="gpt-4o-mini",
-        messages=[{"role": "user", "content": "bill me once"}],
-        extra_headers={"Idempotency-Key": "container-1"},
-    )
+    with openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "bill me once"}],
+            extra_headers={"Idempotency-Key": "container-1"},
+        )
     return raw.parse().model_dump_json(), raw.headers.get("idempotent-replayed")
 
 

@@ -32,39 +32,39 @@ def gateway(sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc
 def test_openai_sdk_key_yields_to_an_explicit_x_idempotency_key(
     gateway: Process, fresh_sim: Sim
 ) -> None:
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0)
-    client._idempotency_header = "Idempotency-Key"
-    business = f"ticket-{uuid.uuid4()}"
-    answers = [
-        client.chat.completions.with_raw_response.create(
-            model="gpt-4o-mini",
-            messages=[{"role": "user", "content": "Summarise the ticket."}],
-            extra_headers={"X-Idempotency-Key": business},
-        )
-        for _ in range(2)  # two calls: two SDK keys, one business key
-    ]
-    assert [raw.headers["idempotent-replayed"] for raw in answers] == ["false", "true"]
-    assert answers[0].parse().id == answers[1].parse().id
-    assert fresh_sim.billed() == 1
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        client._idempotency_header = "Idempotency-Key"
+        business = f"ticket-{uuid.uuid4()}"
+        answers = [
+            client.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "Summarise the ticket."}],
+                extra_headers={"X-Idempotency-Key": business},
+            )
+            for _ in range(2)  # two calls: two SDK keys, one business key
+        ]
+        assert [raw.headers["idempotent-replayed"] for raw in answers] == ["false", "true"]
+        assert answers[0].parse().id == answers[1].parse().id
+        assert fresh_sim.billed() == 1
 
 
 def test_anthropic_sdk_key_yields_to_an_explicit_x_idempotency_key(
     gateway: Process, fresh_sim: Sim
 ) -> None:
-    client = anthropic.Anthropic(base_url=gateway.url, api_key="sk-ant-test", max_retries=0)
-    client._idempotency_header = "Idempotency-Key"
-    business = f"ticket-{uuid.uuid4()}"
-    answers = [
-        client.messages.with_raw_response.create(
-            model="claude-sonnet-4-20250514",
-            max_tokens=16,
-            messages=[{"role": "user", "content": "Name a colour."}],
-            extra_headers={"X-Idempotency-Key": business},
-        )
-        for _ in range(2)
-    ]
-    assert [raw.headers["idempotent-replayed"] for raw in answers] == ["false", "true"]
-    assert fresh_sim.billed() == 1
+    with anthropic.Anthropic(base_url=gateway.url, api_key="sk-ant-test", max_retries=0) as client:
+        client._idempotency_header = "Idempotency-Key"
+        business = f"ticket-{uuid.uuid4()}"
+        answers = [
+            client.messages.with_raw_response.create(
+                model="claude-sonnet-4-20250514",
+                max_tokens=16,
+                messages=[{"role": "user", "content": "Name a colour."}],
+                extra_headers={"X-Idempotency-Key": business},
+            )
+            for _ in range(2)
+        ]
+        assert [raw.headers["idempotent-replayed"] for raw in answers] == ["false", "true"]
+        assert fresh_sim.billed() == 1
 
 
 @pytest.mark.parametrize("explicit_header", ["Idempotency-Key", "X-Idempotency-Key"])
@@ -94,11 +94,11 @@ def test_two_minted_keys_that_disagree_are_refused(gateway: Process) -> None:
 
 
 def test_the_sdk_shows_why_the_gateway_refused(gateway: Process) -> None:
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as raised:
-        client.chat.completions.create(
-            model="gpt-4o-mini",
-            messages=[{"role": "user", "content": "hi"}],
-            extra_headers={"Idempotency-Key": "c-3", "X-Idempotency-Key": "d-4"},
-        )
-    assert "several different idempotency keys" in str(raised.value)
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"Idempotency-Key": "c-3", "X-Idempotency-Key": "d-4"},
+            )
+        assert "several different idempotency keys" in str(raised.value)
