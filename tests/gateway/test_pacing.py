@@ -1,10 +1,9 @@
 """Timed stream writes that fall due together start a few a loop turn (gateway/pacing.py).
 
-A thousand streams begun together fall due together each quiet interval; started
-in one loop turn, their writes held every client of the process for 20 ms and
-more between two events (workload 5's extra gap). The pacer's own rules are
-pinned first; then the recorder's, with many real recorders over a store that
-notes the loop turn each write starts in.
+Streams whose timers fall due together, started in one loop turn, would hold
+every client of the process for 20 ms and more between two events at a thousand
+streams. The pacer's own rules are pinned first; then the recorder's, with many
+real recorders over a store that notes the loop turn each write starts in.
 """
 
 from __future__ import annotations

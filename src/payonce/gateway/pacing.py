@@ -5,11 +5,11 @@ Streams that began together are written together: a thousand quiet streams
 each start its write in one loop turn. Each start is about 50k instructions of
 Python (the writer's wake-up, the lease, the store, the group commit), so that
 turn lasts 20 ms and more, and every client of the process waits it out between
-two events: the extra p99 gap of workload 5 (benchmarks/NOTEBOOK.md, "Timed
-writes a few a turn"). So a writer whose timer fires queues here, and each loop
-turn starts at most ``PER_TURN`` of them, in the order they fell due; the relay
-runs between. The last of a thousand starts some 16 turns late, a few ms against
-the quiet interval's second.
+two events (benchmarks/NOTEBOOK.md, "Timed writes a few a turn"; workload 5
+spreads its timers over its first second and never showed it). So a writer
+whose timer fires queues here, and each loop turn starts at most ``PER_TURN`` of
+them, in the order they fell due; the relay runs between. The last of a
+thousand starts some 16 turns late, a few ms against the quiet interval's second.
 """
 
 from __future__ import annotations
