@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 import tracemalloc
-import warnings
 from pathlib import Path
 
 import pytest
@@ -48,16 +47,6 @@ def _entry(
     return key, fingerprint, StoredResponse(200, headers, bytes(body)), facts
 
 
-def _collect() -> None:
-    # This test's own collection finds whatever an earlier test in this worker left
-    # for the collector; a socket among them warns (ResourceWarning, an error here)
-    # and failed this test for another's leak (make test, 2026-12-07). That warning
-    # belongs to the earlier test: it is not this one's to report.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
 @pytest.mark.parametrize(
     ("body", "with_usage"),
     [(b"", False), (b"", True), (b"{}", True), (b"x" * 300, True)],
@@ -65,7 +54,7 @@ def _collect() -> None:
 def test_what_an_entry_is_charged_covers_what_it_takes(body: bytes, with_usage: bool) -> None:
     count = 10_000
     cache = ReplayCache(SystemClock(), 1 << 40)
-    _collect()
+    gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -73,7 +62,7 @@ def test_what_an_entry_is_charged_covers_what_it_takes(body: bytes, with_usage: 
             key, fingerprint, response, facts = _entry(index, body * 1, with_usage)
             entry = cache.put("t" * 32, key, fingerprint, 2e9 + index, response, facts)
             entry.messages  # noqa: B018  built on the first replay: the most an entry takes
-        _collect()
+        gc.collect()
         taken = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

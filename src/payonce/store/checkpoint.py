@@ -58,6 +58,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -201,14 +202,17 @@ class Checkpointer:
 
 
 def _lower_priority() -> None:
-    """This thread ``NICE`` steps below the process (on Linux, ``setpriority`` of a
-    thread id is that thread's alone); elsewhere, or if refused, it runs as it is."""
+    """On Linux, this thread ``NICE`` steps below the process: there ``setpriority``
+    of a thread id is that thread's alone. Elsewhere the id could name another
+    process, so the thread runs as it is, as it does if refused."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         thread = threading.get_native_id()
         os.setpriority(
             os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + NICE)
         )
-    except (OSError, AttributeError) as exc:
+    except OSError as exc:
         log.debug("SQLite checkpointer: kept its priority (%s)", exc)
 
 
