@@ -50,14 +50,17 @@ MAX_IDLE = 100
 _MAX_HEAD_BYTES = 256 * 1024
 _BODILESS_STATUSES = (204, 304)
 # Reads taken in connections' callbacks per turn of the event loop (all the
-# pool's connections together); past it, the rest of the turn's reads wait for
-# their readers, as without ``take``. A loop with more to read than it can
-# handle runs its I/O callbacks back to back (libuv polls again at once while
-# its poll returns a full batch): relaying every chunk there starved the timers
-# and tasks queued behind them, and at 1,000 streams x 20 events/s on one core,
-# saturated either way, the p99 gap between a stream's events was 1.2-1.5 s
-# instead of 0.4 (benchmarks/NOTEBOOK.md, "Streams: the event's path in the
-# upstream's callback").
+# pool's connections together). A loop with more to read than it can handle runs
+# its I/O callbacks back to back (libuv polls again at once while its poll returns
+# a full batch): relaying every chunk there starved the timers and tasks queued
+# behind them, and at 1,000 streams x 20 events/s on one core, saturated either
+# way, the p99 gap between a stream's events was 1.2-1.5 s instead of 0.4
+# (benchmarks/NOTEBOOK.md, "Streams: the event's path in the upstream's
+# callback"). Past it, a read waits for the next turn's take (Pool.defer), not
+# for its reader: a reader woken costs a future, a timer check, a task step and
+# an async generator's step, and once the loop fell behind half the events of
+# 1,000 keyed streams went that way, which made it fall further
+# (benchmarks/NOTEBOOK.md, "Reads past the turn's budget").
 TAKEN_PER_TURN = 64
 
 
@@ -77,11 +80,19 @@ class Connection(asyncio.Protocol):
         self.busy = False  # a request was written and its connection not yet released
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        # The read timeout's timer, kept from one wait to the next (a timer per
+        # wait was one per relayed event whenever the reader woke for each):
+        # when it fires it looks at the wait of the moment (_time_out).
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0  # when the timer fires
+        self._timeout = 0.0  # the current wait's
         # When the current wait began, or ``take`` last took bytes during it: the
         # read timeout counts from the later of the two.
         self._mark = 0.0
         self._paused = False
+        # Body bytes in _body wait for the next turn's take (Pool.defer), not for
+        # the reader; the connection is in the pool's queue until it drains.
+        self._deferred = False
         self._begin(False)
 
     def _begin(self, head_only: bool) -> None:
@@ -190,25 +201,39 @@ class Connection(asyncio.Protocol):
             raise self.error
         loop = self._loop
         waiter = self._waiter = loop.create_future()
-        self._mark = loop.time()
-        self._timer = loop.call_later(timeout, self._time_out, waiter, timeout)
+        now = self._mark = loop.time()
+        self._timeout = timeout
+        if self._timer is None or self._deadline > now + timeout:
+            self._arm(now + timeout)
         try:
             await waiter
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             self._waiter = None
         if self.error is not None:
             raise self.error
 
-    def _time_out(self, waiter: asyncio.Future[None], timeout: float) -> None:
-        if waiter.done():
-            return
-        # One timer per wait, not per chunk taken during it: moved on when it fires.
-        left = self._mark + timeout - self._loop.time()
-        if left > 0:
-            self._timer = self._loop.call_later(left, self._time_out, waiter, timeout)
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._deadline = deadline
+        self._timer = self._loop.call_at(deadline, self._time_out)
+
+    def _disarm(self) -> None:
+        """No read is waiting for a while (the connection is idle, or gone)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _time_out(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no wait now: the next one arms the timer again
+        # One timer for many waits and the chunks taken during them: moved on
+        # when it fires early.
+        deadline = self._mark + self._timeout
+        if deadline > self._loop.time():
+            self._arm(deadline)
             return
         waiter.set_exception(TimeoutError("the upstream sent nothing within the read timeout"))
 
@@ -264,21 +289,45 @@ class Connection(asyncio.Protocol):
         if not gathered:
             return
         body = gathered[0] if len(gathered) == 1 else b"".join(gathered)
-        if self._take is take and self._pool.may_take():
-            self._mark = self._loop.time()
-            try:
-                if take(body):
-                    return
-            except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
-                self.take_error = exc
-                self._take = None
-                self._wake()
+        if self._take is take:
+            if self._deferred:
+                self._hold(body)  # behind the bytes waiting for the drain
                 return
+            if not self._pool.may_take():
+                self._deferred = True
+                self._hold(body)
+                self._pool.defer(self)
+                return
+            self._give(take, body)
+            return
+        self._take = None  # the reader has these first, then the next
+        self._keep(body)
+
+    def offer_deferred(self) -> None:
+        """The next turn: bytes held back by the turn's budget go to ``take`` now."""
+        self._deferred = False
+        take = self._take
+        if take is None or not self._body:
+            return  # the reader woke meanwhile (the body ended, an error) and has them
+        self._give(take, self.take_body())
+
+    def _give(self, take: Take, body: bytes) -> None:
+        """Offer ``body`` to ``take``; what it leaves, or raises, is the reader's."""
+        self._mark = self._loop.time()
+        try:
+            if take(body):
+                return
+        except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
+            self.take_error = exc
+            self._take = None
+            self._wake()
+            return
         self._take = None  # the reader has these first, then the next
         self._keep(body)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._disarm()
         self._pool.forget(self)
         if self.head_done and not self.complete and self.until_close():
             self.complete = True  # a body delimited by the end of the connection
@@ -319,12 +368,15 @@ class Connection(asyncio.Protocol):
 
     def _keep(self, body: bytes) -> None:
         """Hold ``body`` for the reader."""
+        self._hold(body)
+        self._wake()
+
+    def _hold(self, body: bytes) -> None:
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
 
     def on_message_complete(self) -> None:
         if self.head_done:
@@ -360,6 +412,9 @@ class Pool:
         self._idle: collections.deque[Connection] = collections.deque()
         self.loop = asyncio.get_running_loop()
         self._takes_left = TAKEN_PER_TURN
+        # Connections whose read waits for a turn with takes left, first come first.
+        self._deferred: collections.deque[Connection] = collections.deque()
+        self._draining = False
 
     def may_take(self) -> bool:
         """Whether a connection may offer one more read to its ``take`` this turn."""
@@ -373,6 +428,26 @@ class Pool:
 
     def _new_turn(self) -> None:
         self._takes_left = TAKEN_PER_TURN
+
+    def defer(self, connection: Connection) -> None:
+        """Offer ``connection``'s read to its ``take`` in a later turn, in order of arrival."""
+        self._deferred.append(connection)
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        # As a callback of its own: the timers and tasks due meanwhile run before it.
+        self._draining = False
+        deferred = self._deferred
+        while deferred:
+            if not self.may_take():
+                self._drain_soon()  # after the next turn's start (_new_turn, queued first)
+                return
+            deferred.popleft().offer_deferred()
 
     async def acquire(self) -> Connection:
         """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
@@ -399,6 +474,7 @@ class Pool:
     def release(self, connection: Connection) -> None:
         """Back to the pool if it can carry another request, else closed."""
         connection.busy = False
+        connection._disarm()
         if not connection.reusable:
             connection.close()
             return
