@@ -49,11 +49,16 @@ class LiveStream:
         self._backlog = backlog
         # Futures of the tasks waiting for the next change (followers and observers).
         self._waiters: list[asyncio.Future[None]] = []
+        # Where each follower is; a pushed follower's entry is written only when
+        # it is released (it is at the end meanwhile, moved on by every push).
         self._positions: dict[int, int] = {}
         # Followers at the end of the stream that take new events as they come,
         # without their task waking (:meth:`follow`): their push, and the future
         # that wakes them when a push cannot be made or the stream ends.
         self._pushed: dict[int, tuple[Push, asyncio.Future[None]]] = {}
+        # The same followers and pushes as a list, made again at each change (rare)
+        # rather than at each append: append goes through it once per event.
+        self._pushes: list[tuple[int, Push]] = []
         self._ids = itertools.count()
 
     @property
@@ -71,35 +76,36 @@ class LiveStream:
         # two calls fewer per streamed event (benchmarks/NOTEBOOK.md).
         before = self.base + len(self.events)
         self.events.extend(events)
-        if self._pushed:
-            # Every pushed follower is at ``before``, the end: it was registered
-            # there (:meth:`follow`) and each push it took moved it on to the new end.
-            after = before + len(events)
-            positions = self._positions
-            for follower, (push, _) in list(self._pushed.items()):
-                try:
-                    pushed = push(events, before)
-                except Exception:  # a client's connection must never stop the run
-                    log.debug("pushing events to a follower failed", exc_info=True)
-                    pushed = False
-                if pushed:
-                    positions[follower] = after
-                else:
-                    self._release(follower)  # its task sends them, with a send that waits
+        # Every pushed follower is at ``before``, the end: it was registered there
+        # (:meth:`follow`) and each push it took moved it on to the new end. The
+        # list is the one of the moment: a release makes another.
+        for follower, push in self._pushes:
+            try:
+                pushed = push(events, before)
+            except Exception:  # a client's connection must never stop the run
+                log.debug("pushing events to a follower failed", exc_info=True)
+                pushed = False
+            if not pushed:
+                self._release(follower, before)  # its task sends them, with a send that waits
         if self._waiters:  # mostly none: the followers that keep up are pushed to
             self._wake()
 
-    def _release(self, follower: int) -> None:
-        """Wake a pushed follower's task: it takes over from its position."""
+    def _release(self, follower: int, position: int) -> None:
+        """Wake a pushed follower's task at ``position``: it takes over from there."""
+        self._positions[follower] = position
         _, waiter = self._pushed.pop(follower)
+        self._listed()
         if not waiter.done():
             waiter.set_result(None)
+
+    def _listed(self) -> None:
+        self._pushes = [(follower, push) for follower, (push, _) in self._pushed.items()]
 
     def finish(self, *, failed: bool = False) -> None:
         self.finished = True
         self.failed = failed
         for follower in list(self._pushed):
-            self._release(follower)
+            self._release(follower, self.total)
         self._wake()
 
     def trim(self, recorded: int) -> None:
@@ -126,13 +132,14 @@ class LiveStream:
         waiter = asyncio.get_running_loop().create_future()
         if push is not None and follower is not None:
             self._pushed[follower] = (push, waiter)
+            self._listed()
         else:
             self._waiters.append(waiter)
         try:
             await waiter
         finally:
-            if follower is not None:
-                self._pushed.pop(follower, None)
+            if follower is not None and self._pushed.pop(follower, None) is not None:
+                self._listed()  # cancelled while pushed (the client left)
             if not waiter.done():
                 waiter.cancel()
 
@@ -176,7 +183,7 @@ class LiveStream:
                     return
                 else:
                     await self._wait(follower, push)
-                    position = positions[follower]  # pushes moved it on
+                    position = positions[follower]  # pushes moved it on, its release wrote it
                     continue
                 before = position
                 position += len(batch)

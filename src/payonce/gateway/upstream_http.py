@@ -298,32 +298,25 @@ class Connection(asyncio.Protocol):
                 self._hold(body)
                 self._pool.defer(self)
                 return
-            self._give(take, body)
-            return
+            self._mark = self._loop.time()
+            try:
+                if take(body):
+                    return
+            except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
+                self.take_error = exc
+                self._take = None
+                self._wake()
+                return
         self._take = None  # the reader has these first, then the next
         self._keep(body)
 
     def offer_deferred(self) -> None:
-        """The next turn: bytes held back by the turn's budget go to ``take`` now."""
+        """The next turn: bytes held back by a turn's budget go to ``take`` now."""
         self._deferred = False
         take = self._take
-        if take is None or not self._body:
-            return  # the reader woke meanwhile (the body ended, an error) and has them
-        self._give(take, self.take_body())
-
-    def _give(self, take: Take, body: bytes) -> None:
-        """Offer ``body`` to ``take``; what it leaves, or raises, is the reader's."""
-        self._mark = self._loop.time()
-        try:
-            if take(body):
-                return
-        except Exception as exc:  # noqa: BLE001 - raised by the reader, as if it read them
-            self.take_error = exc
-            self._take = None
-            self._wake()
-            return
-        self._take = None  # the reader has these first, then the next
-        self._keep(body)
+        if take is not None and self._body:  # else the reader woke meanwhile and has them
+            self._gathered = [self.take_body()]
+            self._offer(take)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -444,10 +437,10 @@ class Pool:
         self._draining = False
         deferred = self._deferred
         while deferred:
-            if not self.may_take():
+            if self._takes_left == 0:
                 self._drain_soon()  # after the next turn's start (_new_turn, queued first)
                 return
-            deferred.popleft().offer_deferred()
+            deferred.popleft().offer_deferred()  # which takes one of the turn's reads
 
     async def acquire(self) -> Connection:
         """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
