@@ -56,11 +56,12 @@ _BODILESS_STATUSES = (204, 304)
 # behind them, and at 1,000 streams x 20 events/s on one core, saturated either
 # way, the p99 gap between a stream's events was 1.2-1.5 s instead of 0.4
 # (benchmarks/NOTEBOOK.md, "Streams: the event's path in the upstream's
-# callback"). Past it, a read waits for the next turn's take (Pool.defer), not
-# for its reader: a reader woken costs a future, a timer check, a task step and
-# an async generator's step, and once the loop fell behind half the events of
-# 1,000 keyed streams went that way, which made it fall further
-# (benchmarks/NOTEBOOK.md, "Reads past the turn's budget").
+# callback"). Past it, a read is offered to ``take`` from a callback of its own
+# in the next turn, in line with the timers and tasks due then, as its reader's
+# task would have been; not through the reader: a reader woken costs a future,
+# a timer check, a task step and an async generator's step, and once the loop
+# fell behind half the events of 1,000 keyed streams went that way, which made
+# it fall further (benchmarks/NOTEBOOK.md, "Reads past the turn's budget").
 TAKEN_PER_TURN = 64
 
 
@@ -90,8 +91,8 @@ class Connection(asyncio.Protocol):
         # read timeout counts from the later of the two.
         self._mark = 0.0
         self._paused = False
-        # Body bytes in _body wait for the next turn's take (Pool.defer), not for
-        # the reader; the connection is in the pool's queue until it drains.
+        # Body bytes in _body wait for a callback of the next turn to offer them to
+        # ``take`` (_offer_held), not for the reader.
         self._deferred = False
         self._begin(False)
 
@@ -281,7 +282,7 @@ class Connection(asyncio.Protocol):
             return
         self._offer(take)
 
-    def _offer(self, take: Take | None) -> None:
+    def _offer(self, take: Take | None, counted: bool = True) -> None:
         gathered = self._gathered
         if take is None or gathered is None:
             return
@@ -291,12 +292,12 @@ class Connection(asyncio.Protocol):
         body = gathered[0] if len(gathered) == 1 else b"".join(gathered)
         if self._take is take:
             if self._deferred:
-                self._hold(body)  # behind the bytes waiting for the drain
+                self._hold(body)  # behind the bytes held for the next turn
                 return
-            if not self._pool.may_take():
+            if counted and not self._pool.may_take():
                 self._deferred = True
                 self._hold(body)
-                self._pool.defer(self)
+                self._loop.call_soon(self._offer_held)
                 return
             self._mark = self._loop.time()
             try:
@@ -310,13 +311,13 @@ class Connection(asyncio.Protocol):
         self._take = None  # the reader has these first, then the next
         self._keep(body)
 
-    def offer_deferred(self) -> None:
-        """The next turn: bytes held back by a turn's budget go to ``take`` now."""
+    def _offer_held(self) -> None:
+        """The next turn: the bytes a turn's budget held back go to ``take`` now."""
         self._deferred = False
         take = self._take
         if take is not None and self._body:  # else the reader woke meanwhile and has them
             self._gathered = [self.take_body()]
-            self._offer(take)
+            self._offer(take, counted=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -405,9 +406,6 @@ class Pool:
         self._idle: collections.deque[Connection] = collections.deque()
         self.loop = asyncio.get_running_loop()
         self._takes_left = TAKEN_PER_TURN
-        # Connections whose read waits for a turn with takes left, first come first.
-        self._deferred: collections.deque[Connection] = collections.deque()
-        self._draining = False
 
     def may_take(self) -> bool:
         """Whether a connection may offer one more read to its ``take`` this turn."""
@@ -421,26 +419,6 @@ class Pool:
 
     def _new_turn(self) -> None:
         self._takes_left = TAKEN_PER_TURN
-
-    def defer(self, connection: Connection) -> None:
-        """Offer ``connection``'s read to its ``take`` in a later turn, in order of arrival."""
-        self._deferred.append(connection)
-        self._drain_soon()
-
-    def _drain_soon(self) -> None:
-        if not self._draining:
-            self._draining = True
-            self.loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        # As a callback of its own: the timers and tasks due meanwhile run before it.
-        self._draining = False
-        deferred = self._deferred
-        while deferred:
-            if self._takes_left == 0:
-                self._drain_soon()  # after the next turn's start (_new_turn, queued first)
-                return
-            deferred.popleft().offer_deferred()  # which takes one of the turn's reads
 
     async def acquire(self) -> Connection:
         """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
