@@ -91,9 +91,6 @@ class Connection(asyncio.Protocol):
         # read timeout counts from the later of the two.
         self._mark = 0.0
         self._paused = False
-        # Body bytes in _body wait for a callback of the next turn to offer them to
-        # ``take`` (_offer_held), not for the reader.
-        self._deferred = False
         self._begin(False)
 
     def _begin(self, head_only: bool) -> None:
@@ -291,11 +288,12 @@ class Connection(asyncio.Protocol):
             return
         body = gathered[0] if len(gathered) == 1 else b"".join(gathered)
         if self._take is take:
-            if self._deferred:
-                self._hold(body)  # behind the bytes held for the next turn
+            # While ``take`` waits, _body holds only bytes a turn's budget held back
+            # for _offer_held (the reader is offered take only with none left).
+            if self._body:
+                self._hold(body)  # behind them
                 return
             if counted and not self._pool.may_take():
-                self._deferred = True
                 self._hold(body)
                 self._loop.call_soon(self._offer_held)
                 return
@@ -313,7 +311,6 @@ class Connection(asyncio.Protocol):
 
     def _offer_held(self) -> None:
         """The next turn: the bytes a turn's budget held back go to ``take`` now."""
-        self._deferred = False
         take = self._take
         if take is not None and self._body:  # else the reader woke meanwhile and has them
             self._gathered = [self.take_body()]
