@@ -62,7 +62,7 @@ from payonce.errors import (
     TransferCodingNotImplemented,
 )
 from payonce.gateway.asgi import WRITE_BODY, problem_document
-from payonce.gateway.transport import SocketBodyWriter, Transport
+from payonce.gateway.transport import Transport, socket_body_writer
 from payonce.gateway.uvicorn_internals import HttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if cycle is not None:
             if self._transport is not None and self.scope["method"] != "HEAD":
                 scope = cast(dict[str, Any], self.scope)
-                scope.setdefault("extensions", {})[WRITE_BODY] = SocketBodyWriter(
+                scope.setdefault("extensions", {})[WRITE_BODY] = socket_body_writer(
                     cycle, self._transport
                 )
             # Until the body is complete, a response must end the connection (the

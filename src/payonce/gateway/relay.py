@@ -16,7 +16,7 @@ from typing import Any
 from payonce.clock import Clock
 from payonce.gateway.asgi import BodyWriter, Receive, Send, break_response, send_response
 from payonce.gateway.live import LiveStream, Push
-from payonce.gateway.sse import relayed, run_tag
+from payonce.gateway.sse import NUMBERED, relayed, run_tag
 from payonce.gateway.upstream import UpstreamResponse
 from payonce.store import Record, RecordState, Store, StoredResponse
 
@@ -130,7 +130,11 @@ async def relay_live(
 
         def push(events: list[bytes], before: int) -> bool:
             if len(events) == 1:  # at token rate, a read is one event
-                return write(relayed(events[0], before + 1, run))
+                event = events[0]
+                if event[:5] == b"data:" and event[-2:] == b"\n\n":
+                    # relayed's first case spelled out: a call fewer per event
+                    return write(NUMBERED % (event[:-1], before + 1, run))
+                return write(relayed(event, before + 1, run))
             return write(_framed(events, before, run))
 
     with watch_disconnect(receive) as gone:

@@ -32,6 +32,7 @@ import orjson
 from payonce.observe.usage import normalise_usage
 
 __all__ = [
+    "NUMBERED",
     "EventSplitter",
     "LastEventId",
     "StreamEnd",
@@ -286,10 +287,16 @@ def run_tag(token: str) -> bytes:
     return hashlib.blake2b(token.encode(), digest_size=4).hexdigest().encode()
 
 
+# An event that starts with a data line and ends with LF LF (OpenAI's chunks) as a
+# client gets it: ``NUMBERED % (event[:-1], number, run)``, its id line before its
+# blank line. The first case of :func:`relayed`, which a live relay spells out.
+NUMBERED = b"%sid: %d-%s\n\n"
+
+
 def relayed(event: bytes, number: int, run: bytes) -> bytes:
     """The block as a client gets it (the module docstring): numbered, or bare lines."""
     if event[:5] == b"data:" and event[-2:] == b"\n\n":
-        return b"%sid: %d-%s\n\n" % (event[:-1], number, run)  # OpenAI's chunks, LF-ended
+        return NUMBERED % (event[:-1], number, run)  # OpenAI's chunks, LF-ended
     # The common cases need no regex: a first line of data (OpenAI's chunks), or a
     # data line after the first (Anthropic's "event: x" then "data: ..."), with no
     # empty line in front.

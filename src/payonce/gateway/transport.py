@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-__all__ = ["Lingering", "SocketBodyWriter", "Transport"]
+from payonce.gateway.asgi import BodyWriter
+
+__all__ = ["Lingering", "Transport", "socket_body_writer"]
 
 
 class Lingering(Protocol):
@@ -110,7 +112,7 @@ class Transport:
         return getattr(self._raw, name)
 
 
-class SocketBodyWriter:
+def socket_body_writer(cycle: Any, transport: Transport) -> BodyWriter:
     """A request's :data:`~payonce.gateway.asgi.BodyWriter`: a chunk of its response's
     body written straight to the socket.
 
@@ -120,17 +122,14 @@ class SocketBodyWriter:
     chunk-framed write, made only when uvicorn's ``send`` would not have waited
     either (its response started, chunked, not complete, the client still there
     and not holding up writes). Otherwise it writes nothing and says so.
+
+    A function, not an object with ``__call__``: calling an instance goes through
+    its type's call slot, a method lookup and a new argument tuple, about 600
+    instructions more per streamed event (benchmarks/NOTEBOOK.md, "An event's
+    calls counted").
     """
 
-    __slots__ = ("_cycle", "_transport")
-
-    def __init__(self, cycle: Any, transport: Transport) -> None:
-        self._cycle = cycle
-        self._transport = transport
-
-    def __call__(self, body: bytes) -> bool:
-        cycle = self._cycle
-        transport = self._transport
+    def write(body: bytes) -> bool:
         # Transport.is_closing, and a write at once or after what this turn holds
         # (kept in order), spelled out: this runs once per streamed event, and
         # two calls fewer show at token rate (benchmarks/NOTEBOOK.md).
@@ -152,3 +151,5 @@ class SocketBodyWriter:
         else:
             transport._raw.write(data)
         return True
+
+    return write

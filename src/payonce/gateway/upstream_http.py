@@ -293,10 +293,17 @@ class Connection(asyncio.Protocol):
             if self._body:
                 self._hold(body)  # behind them
                 return
-            if counted and not self._pool.may_take():
-                self._hold(body)
-                self._loop.call_soon(self._offer_held)
-                return
+            if counted:
+                # The turn's budget, counted in line: this runs once per relayed event.
+                pool = self._pool
+                left = pool.takes_left
+                if left == TAKEN_PER_TURN:  # the turn's first: the count starts over after it
+                    self._loop.call_soon(pool.new_turn)
+                elif left == 0:
+                    self._hold(body)
+                    self._loop.call_soon(self._offer_held)
+                    return
+                pool.takes_left = left - 1
             self._mark = self._loop.time()
             try:
                 if take(body):
@@ -402,20 +409,13 @@ class Pool:
         self._keepalive = keepalive
         self._idle: collections.deque[Connection] = collections.deque()
         self.loop = asyncio.get_running_loop()
-        self._takes_left = TAKEN_PER_TURN
+        # Reads its connections may still offer to their ``take`` this turn
+        # (Connection._offer counts them down; new_turn, called soon after the
+        # turn's first, starts the count over).
+        self.takes_left = TAKEN_PER_TURN
 
-    def may_take(self) -> bool:
-        """Whether a connection may offer one more read to its ``take`` this turn."""
-        left = self._takes_left
-        if left == TAKEN_PER_TURN:  # the turn's first: the count starts over after it
-            self.loop.call_soon(self._new_turn)
-        elif left == 0:
-            return False
-        self._takes_left = left - 1
-        return True
-
-    def _new_turn(self) -> None:
-        self._takes_left = TAKEN_PER_TURN
+    def new_turn(self) -> None:
+        self.takes_left = TAKEN_PER_TURN
 
     async def acquire(self) -> Connection:
         """An idle connection, or a new one (:class:`ConnectFailed` if none can be made)."""
