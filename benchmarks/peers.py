@@ -6,6 +6,11 @@ Systems (``--systems``, comma-separated; all by default):
 direct          straight to ``payonce sim`` (the baseline; its row is the simulator's cost)
 nginx           Debian's nginx, ``proxy_pass`` with upstream keepalive and
                 ``proxy_buffering off`` (the floor); installed with apt when missing
+python-relay    benchmarks/relay_floor.py: a TCP relay on uvloop, bytes untouched (the floor
+                of any Python gateway's cost per event); workload 5 only
+python-http-relay
+                the same with ``--http``: responses parsed by httptools and each body
+                chunk framed again (the floor of a Python HTTP proxy); workload 5 only
 litellm         the LiteLLM proxy at the version pinned by tests/support/litellm.py, in
                 its own throwaway virtualenv (built on first use, then reused), config
                 only, one ``openai/`` deployment per simulator, LiteLLM's defaults
@@ -122,6 +127,7 @@ SYSTEMS = (
     "direct",
     "nginx",
     "python-relay",
+    "python-http-relay",
     "litellm",
     "litellm-cache",
     "portkey",
@@ -132,7 +138,11 @@ SYSTEMS = (
 )
 # Systems that only make sense in some workloads (two gateways: CPU per request is
 # not one process's).
-ONLY_IN = {"payonce-postgres-2x": ("workload2",), "python-relay": ("workload5",)}
+ONLY_IN = {
+    "payonce-postgres-2x": ("workload2",),
+    "python-relay": ("workload5",),
+    "python-http-relay": ("workload5",),
+}
 PORTKEY_VERSION = "1.15.2"
 # Its postinstall (patch-package) has no patches to apply in the published package.
 NPM_FLAGS = ("--no-audit", "--no-fund", "--ignore-scripts")
@@ -619,11 +629,16 @@ class Stack:
             yield started
 
     @contextlib.contextmanager
-    def python_relay(self, upstream: str, name: str) -> Iterator[tuple[go.Service, str]]:
-        """benchmarks/relay_floor.py in front of ``upstream``: the floor of a Python relay."""
+    def python_relay(
+        self, upstream: str, name: str, http: bool = False
+    ) -> Iterator[tuple[go.Service, str]]:
+        """benchmarks/relay_floor.py in front of ``upstream``: the floor of a Python relay
+        (``http``: of one that parses the responses and frames their chunks again)."""
         port = go.free_port()
         script = HERE / "relay_floor.py"
         command = [sys.executable, str(script), "--port", str(port), "--upstream", upstream]
+        if http:
+            command.append("--http")
         with self._pinned(name, command, port, "/_sim/health") as started:
             yield started
 
@@ -687,8 +702,9 @@ def endpoints(stack: Stack, sim: str, systems: Sequence[str]) -> Iterator[list[E
             elif system == "nginx":
                 service, url = exits.enter_context(stack.nginx(sim_url, name))
                 found.append(Endpoint(system, url, service, sim_url))
-            elif system == "python-relay":
-                service, url = exits.enter_context(stack.python_relay(sim_url, name))
+            elif system in ("python-relay", "python-http-relay"):
+                http = system == "python-http-relay"
+                service, url = exits.enter_context(stack.python_relay(sim_url, name, http))
                 found.append(Endpoint(system, url, service, sim_url))
             elif system.startswith("litellm"):
                 service, url = stack.litellm(cache=system == "litellm-cache")

@@ -30,6 +30,8 @@ def variants(systems: Sequence[str]) -> list[tuple[str, bool]]:
         chosen.append(("nginx", False))
     if "python-relay" in systems:
         chosen.append(("python-relay", False))  # the floor of a Python relay
+    if "python-http-relay" in systems:
+        chosen.append(("python-http-relay", False))  # ... of one that parses HTTP
     for system in systems:
         if system.startswith("payonce"):
             chosen += [(system, False), (system, True)]

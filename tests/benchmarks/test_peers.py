@@ -32,7 +32,7 @@ def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
         [
             *(sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--no-install"),
             *("--only", "workload1,workload2,workload4,workload5"),
-            *("--systems", "payonce-sqlite,python-relay"),
+            *("--systems", "payonce-sqlite,python-relay,python-http-relay"),
             *("--duration", "1", "--warmup", "0", "--replay-keys", "5"),
             *("--incident-requests", str(REQUESTS), "--time-scale", "0.05"),
             *("--calls", str(CALLS)),
@@ -71,13 +71,19 @@ def test_peers_quick_run_on_payonce_and_the_simulator(tmp_path: Path) -> None:
     assert results["workload4"]["payonce-sqlite"]["rss_per_call_kib"]["median"] > 0
 
     # Streams at token rate (issue 33's workload): every stream answered whole, every
-    # event delivered, keyed and not, and through the bare Python relay (the floor,
-    # benchmarks/relay_floor.py; in workload 5 only); the CPU and gap figures are
-    # for the full run.
+    # event delivered, keyed and not, and through the bare Python relays (the floors,
+    # benchmarks/relay_floor.py, bytes untouched and HTTP parsed; in workload 5
+    # only); the CPU and gap figures are for the full run.
     token_rate = results["workload5"]
     assert set(token_rate) == {
         f"{name} {load}"
-        for name in ("direct", "python-relay", "payonce-sqlite nokey", "payonce-sqlite keyed")
+        for name in (
+            "direct",
+            "python-relay",
+            "python-http-relay",
+            "payonce-sqlite nokey",
+            "payonce-sqlite keyed",
+        )
         for load in ("20x50/s", "50x20/s")
     }
     for name, row in token_rate.items():
