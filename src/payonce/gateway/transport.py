@@ -47,10 +47,14 @@ class Transport:
         "abort",
         "can_write_eof",
         "get_extra_info",
+        "get_protocol",
+        "get_write_buffer_limits",
         "get_write_buffer_size",
+        "is_reading",
         "pause_reading",
         "resume_reading",
         "set_protocol",
+        "set_write_buffer_limits",
     )
 
     def __init__(
@@ -67,6 +71,10 @@ class Transport:
         self.pause_reading = raw.pause_reading
         self.resume_reading = raw.resume_reading
         self.set_protocol = raw.set_protocol
+        self.get_protocol = raw.get_protocol
+        self.is_reading = raw.is_reading
+        self.get_write_buffer_limits = raw.get_write_buffer_limits
+        self.set_write_buffer_limits = raw.set_write_buffer_limits
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -108,8 +116,10 @@ class Transport:
         """The connection is gone: forget the protocol (the ASGI task may still hold us)."""
         self._protocol = None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
+    # No __getattr__ passing the rest to the real transport: a class with one has
+    # every attribute read go through it unspecialized, several a streamed event
+    # (benchmarks/NOTEBOOK.md, "An event's calls counted"). The methods of
+    # asyncio.Transport are all here, bound above or defined.
 
 
 def socket_body_writer(cycle: Any, transport: Transport) -> BodyWriter:
@@ -129,6 +139,8 @@ def socket_body_writer(cycle: Any, transport: Transport) -> BodyWriter:
     calls counted").
     """
 
+    raw = transport._raw
+
     def write(body: bytes) -> bool:
         # Transport.is_closing, and a write at once or after what this turn holds
         # (kept in order), spelled out: this runs once per streamed event, and
@@ -142,14 +154,15 @@ def socket_body_writer(cycle: Any, transport: Transport) -> BodyWriter:
             or cycle.flow.write_paused
             or not cycle.chunked_encoding
             or (protocol is not None and protocol.lingering)
-            or transport._raw.is_closing()
+            or raw.is_closing()
         ):
             return False
         data = b"%x\r\n%s\r\n" % (len(body), body)
-        if transport._held:
-            transport._held.append(data)  # after what this turn holds, in order
+        held = transport._held
+        if held:
+            held.append(data)  # after what this turn holds, in order
         else:
-            transport._raw.write(data)
+            raw.write(data)
         return True
 
     return write
