@@ -164,7 +164,10 @@ class PassThrough:
             # Chunks go straight to the socket as they arrive where the server
             # allows it (they wait for nothing then), without this task waking;
             # else, or when the client is slow, as ASGI messages (gateway/asgi.py,
-            # BodyWriter).
+            # BodyWriter). With the request id from a header (OpenAI's, Anthropic's)
+            # a chunk is not looked at: the server's writer is ``take`` itself, two
+            # calls fewer per relayed event than through a function of ours
+            # (benchmarks/NOTEBOOK.md, "An event's calls counted").
             write = request.write_body
             take: Take | None = write
             if write is not None and stream_id is not None:
@@ -174,11 +177,6 @@ class PassThrough:
                         return False
                     seen(chunk)
                     return True
-
-            # With the request id from a header (OpenAI's, Anthropic's) a chunk is
-            # not looked at: the server's writer is ``take`` itself, two calls fewer
-            # per relayed event than through a function of ours
-            # (benchmarks/NOTEBOOK.md, "An event's calls counted").
 
             async for chunk in response.chunks(take):
                 seen(chunk)

@@ -415,6 +415,7 @@ class Pool:
         self.takes_left = TAKEN_PER_TURN
 
     def new_turn(self) -> None:
+        """Start the turn's count over: called soon after the turn's first offered read."""
         self.takes_left = TAKEN_PER_TURN
 
     async def acquire(self) -> Connection:
